@@ -1,0 +1,58 @@
+// meshtune generate MODEL --prompt TEXT [--prompt TEXT ...] [--max-length N] [--sampler ...] [--json]
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/loading.h"
+#include "generate/generate.h"
+
+namespace meshtune::cli {
+
+Runner add_generate_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Generate text from one or more prompts (Keras generate semantics)");
+  struct Options {
+    ModelOptions model;
+    std::vector<std::string> prompts;
+    int max_length = 0;
+    SamplerOptions sampler;
+    int64_t seed = -1;
+    std::vector<int> stop_ids;
+    bool no_stop = false, json = false;
+  };
+  auto o = std::make_shared<Options>();
+  o->model.add_to(*cmd);
+  cmd->add_option("--prompt", o->prompts, "A prompt (repeat for several, generated together)")->required();
+  cmd->add_option("--max-length", o->max_length,
+                  "Total length: BOS + prompt + new tokens (default: the preset's sequence_length)");
+  cmd->add_option("--sampler", o->sampler.name, "greedy (default), top_k, top_p or random")
+      ->check(CLI::IsMember({"greedy", "top_k", "top_p", "random"}));
+  cmd->add_option("--top-k", o->sampler.top_k, "k for top_k (default 5)");
+  cmd->add_option("--top-p", o->sampler.top_p, "p for top_p (default 0.1)");
+  cmd->add_option("--temperature", o->sampler.temperature, "Softmax temperature (default 1.0)");
+  cmd->add_option("--seed", o->seed, "Seed for the random samplers (default: nondeterministic)");
+  cmd->add_option("--stop-token-id", o->stop_ids, "Stop token ids (default: <eos>, and <end_of_turn> on Gemma 3)");
+  cmd->add_flag("--no-stop", o->no_stop, "Never stop early: always generate up to --max-length");
+  cmd->add_flag("--json", o->json, "Print one JSON object per prompt: prompt, text (the completion), token_ids");
+  return [o] {
+    LoadedModel loaded = load_model_and_tokenizer(o->model, true);
+    GenerateOptions options;
+    options.max_length = o->max_length > 0 ? o->max_length : loaded.dir.sequence_length;
+    options.sampler = o->sampler;
+    if (o->seed >= 0) {
+      options.sampler.seeded = true;
+      options.sampler.seed = uint64_t(o->seed);
+    }
+    options.stop_token_ids = o->stop_ids.empty() ? default_stop_token_ids(loaded.model, *loaded.tokenizer) : o->stop_ids;
+    if (o->no_stop) options.stop_token_ids.clear();
+    for (const GeneratedText& r : generate_text(loaded.model, *loaded.tokenizer, o->prompts, options)) {
+      if (o->json) {
+        nlohmann::json j = {{"prompt", r.prompt}, {"text", r.completion}, {"token_ids", r.token_ids}};
+        std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      } else {
+        std::cout << r.text << "\n";
+      }
+    }
+    return 0;
+  };
+}
+
+}  // namespace meshtune::cli

@@ -1,0 +1,50 @@
+// meshtune init [--config tiny] [--format keras|hf] [--seed N] OUT
+// Writes the embedded default: a small random Gemma model as a real preset directory, with a
+// SentencePiece tokenizer trained on the project's own sample reviews. Nothing is downloaded.
+#include <filesystem>
+#include <iostream>
+
+#include "cli/commands.h"
+
+#include "core/error.h"
+#include "data/sample_reviews.h"
+#include "model/init.h"
+#include "model/save.h"
+#include "text/tokenizer.h"
+
+namespace meshtune::cli {
+
+Runner add_init_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("init", "Create the embedded tiny model (a random Gemma with its own tokenizer)");
+  struct Options {
+    std::string out, config = "tiny", format = "keras";
+    uint64_t seed = 0;
+    int vocab_size = 512;
+    int sequence_length = 64;
+  };
+  auto o = std::make_shared<Options>();
+  cmd->add_option("out", o->out, "Directory to write")->required();
+  cmd->add_option("--config", o->config, "tiny (Gemma 1), tiny-gemma2 or tiny-gemma3")
+      ->check(CLI::IsMember({"tiny", "tiny-gemma2", "tiny-gemma3"}));
+  cmd->add_option("--format", o->format, "keras (preset directory, default) or hf (safetensors checkpoint)")
+      ->check(CLI::IsMember({"keras", "hf"}));
+  cmd->add_option("--seed", o->seed, "Seed for the random weights (default 0)");
+  cmd->add_option("--vocab-size", o->vocab_size, "Tokenizer vocabulary size (default 512)")->check(CLI::Range(300, 4000));
+  cmd->add_option("--sequence-length", o->sequence_length, "preprocessor.json sequence_length (default 64)");
+  return [o] {
+    namespace fs = std::filesystem;
+    fs::create_directories(o->out);
+    const std::string tokenizer_path = (fs::path(o->out) / "tokenizer.tmp.spm").string();
+    train_tokenizer(sample_reviews(), o->vocab_size, tokenizer_path);
+    Tokenizer tokenizer(tokenizer_path);
+    GemmaModel model = random_model(named_config(o->config, tokenizer.vocab_size()), o->seed);
+    if (o->format == "keras") save_keras_preset(model, tokenizer_path, o->sequence_length, o->out);
+    else save_hf_checkpoint(model, tokenizer_path, o->out);
+    fs::remove(tokenizer_path);
+    std::cerr << "wrote " << o->config << " model (" << model.config.num_parameters() << " parameters, vocabulary "
+              << tokenizer.vocab_size() << ") to " << o->out << "\n";
+    return 0;
+  };
+}
+
+}  // namespace meshtune::cli

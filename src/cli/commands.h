@@ -1,0 +1,25 @@
+// The meshtune command line: one file per subcommand, each registering its flags on the CLI11 app
+// and returning the function that runs it. Results go to stdout, logs and errors to stderr.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+namespace meshtune::cli {
+
+// Options every subcommand that loads a model shares.
+struct ModelOptions {
+  std::string model;       // directory or preset name
+  std::string models_dir;  // extra search root for preset names
+  bool fp32_weights = false;  // widen bf16-stored weights to fp32 at load
+  void add_to(CLI::App& app);
+};
+
+using Runner = std::function<int()>;
+Runner add_info_command(CLI::App& app);
+Runner add_generate_command(CLI::App& app);
+Runner add_logits_command(CLI::App& app);
+Runner add_init_command(CLI::App& app);
+Runner add_export_command(CLI::App& app);
+
+}  // namespace meshtune::cli

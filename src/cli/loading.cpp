@@ -1,0 +1,31 @@
+#include "cli/loading.h"
+
+#include <chrono>
+#include <iostream>
+
+#include "core/error.h"
+
+namespace meshtune::cli {
+
+LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer) {
+  LoadedModel loaded;
+  loaded.dir = inspect_model_dir(resolve_model_path(options.model, options.models_dir));
+  auto t0 = std::chrono::steady_clock::now();
+  loaded.model = load_model(loaded.dir, !options.fp32_weights);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cerr << "loaded " << loaded.dir.path << " ("
+            << (loaded.dir.format == ModelFormat::Keras ? "Keras preset" : "Hugging Face checkpoint") << ", Gemma "
+            << loaded.model.config.family << ", " << loaded.model.config.num_parameters() << " parameters) in "
+            << seconds << " s\n";
+  if (need_tokenizer) {
+    check(!loaded.dir.tokenizer_path.empty(), loaded.dir.path, ": no tokenizer (",
+          loaded.dir.format == ModelFormat::Keras ? "assets/tokenizer/vocabulary.spm" : "tokenizer.model", ")");
+    loaded.tokenizer = std::make_unique<Tokenizer>(loaded.dir.tokenizer_path);
+    check(loaded.tokenizer->vocab_size() <= loaded.model.config.vocab_size, loaded.dir.tokenizer_path,
+          ": the tokenizer has ", loaded.tokenizer->vocab_size(), " pieces but ", loaded.dir.config_path,
+          " says vocabulary_size ", loaded.model.config.vocab_size, ": its ids would not fit the embedding");
+  }
+  return loaded;
+}
+
+}  // namespace meshtune::cli

@@ -1,0 +1,20 @@
+// Loading what a subcommand needs: the model directory, its weights and its tokenizer, with the
+// checks that tie them together (a tokenizer whose ids do not fit the embedding is refused).
+#pragma once
+#include <memory>
+
+#include "cli/commands.h"
+#include "model/load.h"
+#include "text/tokenizer.h"
+
+namespace meshtune::cli {
+
+struct LoadedModel {
+  ModelDir dir;
+  GemmaModel model;
+  std::unique_ptr<Tokenizer> tokenizer;  // null when not asked for
+};
+
+LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer);
+
+}  // namespace meshtune::cli

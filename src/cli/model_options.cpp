@@ -1,0 +1,12 @@
+#include "cli/commands.h"
+
+namespace meshtune::cli {
+
+void ModelOptions::add_to(CLI::App& app) {
+  app.add_option("model", model, "Model directory (Keras preset or Hugging Face checkpoint) or a preset name")
+      ->required();
+  app.add_option("--models-dir", models_dir, "Where to look for preset names (also: MESHTUNE_MODELS=DIR1:DIR2)");
+  app.add_flag("--fp32-weights", fp32_weights, "Widen bf16-stored weights to fp32 at load (default: keep bf16)");
+}
+
+}  // namespace meshtune::cli

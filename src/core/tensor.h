@@ -1,0 +1,57 @@
+// HostTensor: a named n-dimensional array in host memory as a file gave it to us (any dtype),
+// owning its bytes or aliasing a memory map (kept alive by `owner`). Model code converts these into
+// its own weight matrices; this type only carries bytes, dtype and shape between io and model.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace meshtune {
+
+enum class DType { F32, BF16, F16, I32, I64, U8, BOOL };
+
+size_t dtype_size(DType dt);
+const char* dtype_name(DType dt);  // "float32", "bfloat16", "float16", "int32", "int64", "uint8", "bool"
+
+using Shape = std::vector<int64_t>;
+int64_t num_elements(const Shape& shape);
+std::string shape_str(const Shape& shape);  // "(4, 64, 16)"
+
+struct HostTensor {
+  DType dtype = DType::F32;
+  Shape shape;
+  const std::byte* data = nullptr;  // num_elements(shape) * dtype_size(dtype) bytes
+  std::shared_ptr<const void> owner;  // keeps `data` alive (a buffer or a memory map)
+
+  size_t nbytes() const { return size_t(num_elements(shape)) * dtype_size(dtype); }
+  template <typename T> const T* as() const { return reinterpret_cast<const T*>(data); }
+
+  // A new tensor owning a zero-filled buffer of the given dtype and shape.
+  static HostTensor allocate(DType dtype, Shape shape);
+  // Mutable access to a tensor made by allocate().
+  template <typename T> T* mutable_as() { return reinterpret_cast<T*>(const_cast<std::byte*>(data)); }
+};
+
+// bfloat16 <-> float32. bf16 is the top half of an fp32; conversion to bf16 rounds to nearest even.
+inline float bf16_to_f32(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+float f16_to_f32(uint16_t h);
+
+// Converts any floating tensor (F32/BF16/F16) to a contiguous float vector.
+std::vector<float> to_f32(const HostTensor& t);
+
+}  // namespace meshtune

@@ -1,0 +1,117 @@
+#include "generate/generate.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace meshtune {
+
+GeneratedIds generate_ids(const GemmaModel& model, std::vector<std::vector<int32_t>> ids,
+                          std::vector<std::vector<uint8_t>> mask, const GenerateOptions& options) {
+  const int64_t B = int64_t(ids.size()), L = options.max_length, V = model.config.vocab_size;
+  check(B > 0, "generate: no prompts");
+  check(L >= 1, "--max-length must be at least 1, got ", L);
+  std::vector<int64_t> prompt_length(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    check(int64_t(ids[b].size()) == L && int64_t(mask[b].size()) == L, "generate: row ", b, " is not ", L, " long");
+    prompt_length[b] = std::count(mask[b].begin(), mask[b].end(), uint8_t(1));
+    check(prompt_length[b] >= 1, "generate: row ", b, " has an empty prompt (it needs at least BOS)");
+  }
+  const int64_t start = *std::min_element(prompt_length.begin(), prompt_length.end());
+  auto is_stop = [&](int32_t id) {
+    return std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), id) != options.stop_token_ids.end();
+  };
+  std::vector<uint8_t> stopped(size_t(B), 0);
+  auto all_stopped = [&] { return !options.stop_token_ids.empty() && std::all_of(stopped.begin(), stopped.end(), [](uint8_t s) { return s; }); };
+
+  KVCache cache(model.config, B, L);  // every cached key is a real token: padding never gets cached
+  Sampler sampler(options.sampler);
+  std::vector<int32_t> step_tokens(static_cast<size_t>(B));
+  // Prefill positions 0 .. start−2; each step then feeds the token at index−1.
+  if (start >= 2) {
+    std::vector<int32_t> prefix(size_t(B * (start - 1)));
+    for (int64_t b = 0; b < B; ++b) std::copy(ids[b].begin(), ids[b].begin() + start - 1, prefix.begin() + b * (start - 1));
+    backbone_forward(model, prefix.data(), B, start - 1, 0, cache);
+  }
+  std::vector<float> logits(size_t(B * V));
+  for (int64_t index = start; index < L && !all_stopped(); ++index) {
+    for (int64_t b = 0; b < B; ++b) step_tokens[b] = ids[b][index - 1];
+    std::vector<float> hidden = backbone_forward(model, step_tokens.data(), B, 1, index - 1, cache);
+    lm_head(model, hidden.data(), B, logits.data());
+    for (int64_t b = 0; b < B; ++b) {
+      if (mask[b][index]) continue;  // still inside this row's prompt: keep the prompt token
+      ids[b][index] = sampler.sample(logits.data() + b * V, int(V));
+      if (is_stop(ids[b][index])) stopped[b] = 1;
+    }
+  }
+
+  // The output mask: everything up to and including the first stop token after the prompt.
+  GeneratedIds out;
+  out.token_ids = ids;
+  out.padding_mask.assign(size_t(B), std::vector<uint8_t>(size_t(L), 1));
+  if (!options.stop_token_ids.empty()) {
+    for (int64_t b = 0; b < B; ++b) {
+      bool ended = false;
+      for (int64_t i = 0; i < L; ++i) {
+        out.padding_mask[b][i] = !ended;
+        if (!mask[b][i] && is_stop(ids[b][i])) ended = true;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<int> default_stop_token_ids(const GemmaModel& model, const Tokenizer& tokenizer) {
+  std::vector<int> stops = {tokenizer.eos_id()};
+  if (model.config.family == 3) {
+    int end_of_turn = tokenizer.piece_to_id("<end_of_turn>");
+    if (end_of_turn >= 0) stops.push_back(end_of_turn);
+  }
+  return stops;
+}
+
+std::vector<GeneratedText> generate_text(const GemmaModel& model, const Tokenizer& tokenizer,
+                                         const std::vector<std::string>& prompts, const GenerateOptions& options) {
+  const int64_t L = options.max_length;
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<uint8_t>> mask;
+  for (const std::string& prompt : prompts) {
+    std::vector<int> tokens = tokenizer.encode(prompt);
+    if (int64_t(tokens.size()) > L - 1) tokens.resize(size_t(std::max<int64_t>(0, L - 1)));
+    std::vector<int32_t> row(size_t(L), tokenizer.pad_id());
+    std::vector<uint8_t> row_mask(size_t(L), 0);
+    row[0] = tokenizer.bos_id();
+    row_mask[0] = 1;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      row[i + 1] = tokens[i];
+      row_mask[i + 1] = 1;
+    }
+    ids.push_back(row);
+    mask.push_back(row_mask);
+  }
+  GeneratedIds generated = generate_ids(model, ids, mask, options);
+
+  const std::vector<int> specials = {tokenizer.bos_id(), tokenizer.eos_id(), tokenizer.pad_id()};
+  auto is_special = [&](int id) { return std::find(specials.begin(), specials.end(), id) != specials.end(); };
+  std::vector<GeneratedText> results;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    GeneratedText r;
+    r.prompt = prompts[b];
+    r.prompt_length = int(std::count(mask[b].begin(), mask[b].end(), uint8_t(1)));
+    std::vector<int> all, completion;
+    for (int64_t i = 0; i < L; ++i) {
+      if (!generated.padding_mask[b][i]) continue;
+      const int id = generated.token_ids[b][i];
+      r.token_ids.push_back(id);
+      if (is_special(id)) continue;
+      all.push_back(id);
+      if (i >= r.prompt_length) completion.push_back(id);
+    }
+    r.text = tokenizer.decode(all);
+    r.completion = tokenizer.decode(completion);
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+}  // namespace meshtune

@@ -1,0 +1,305 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace meshtune {
+
+namespace {
+
+using nlohmann::json;
+
+// One read-only memory map of a whole file; every tensor of the file holds a shared_ptr to it.
+struct Mapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  Mapping(void* a, size_t s) : addr(a), size(s) {}
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() { munmap(addr, size); }
+};
+
+// Closes a file descriptor on scope exit (the map stays valid after close).
+struct FdCloser {
+  int fd;
+  ~FdCloser() { close(fd); }
+};
+
+const char* safetensors_dtype_name(DType dt) {
+  switch (dt) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+    case DType::BOOL: return "BOOL";
+  }
+  return "?";
+}
+
+bool parse_dtype(const std::string& s, DType* out) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8, DType::BOOL}) {
+    if (s == safetensors_dtype_name(dt)) {
+      *out = dt;
+      return true;
+    }
+  }
+  return false;
+}
+
+// A parsed header entry, before it becomes a HostTensor.
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+// Validates one header entry against the data size. Sizes are checked with overflow-safe
+// arithmetic so a hostile shape can neither overflow nor make us allocate anything.
+Entry parse_entry(const std::string& path, const std::string& name, const json& value, uint64_t data_size) {
+  const std::string where = path + ": tensor \"" + name + "\"";
+  check(value.is_object(), where, ": header entry is not a JSON object");
+
+  Entry e;
+  e.name = name;
+  auto dtype_it = value.find("dtype");
+  check(dtype_it != value.end() && dtype_it->is_string(), where, ": missing or non-string \"dtype\"");
+  const std::string& dtype_str = dtype_it->get_ref<const std::string&>();
+  check(parse_dtype(dtype_str, &e.dtype), where, ": unsupported dtype \"", dtype_str,
+        "\" (supported: F32, BF16, F16, I32, I64, U8, BOOL)");
+
+  auto shape_it = value.find("shape");
+  check(shape_it != value.end() && shape_it->is_array(), where, ": missing or non-array \"shape\"");
+  // Product of the non-zero dims must fit in int64 even when some dim is zero, so that
+  // num_elements() (which multiplies in order) can never overflow.
+  const uint64_t max_elems = uint64_t(std::numeric_limits<int64_t>::max());
+  uint64_t nonzero_product = 1;
+  bool has_zero = false;
+  for (const json& d : *shape_it) {
+    check(d.is_number_unsigned(), where, ": shape entries must be non-negative integers, got ", d.dump());
+    uint64_t dim = d.get<uint64_t>();
+    check(dim <= max_elems, where, ": shape dimension ", dim, " is too large");
+    if (dim == 0) {
+      has_zero = true;
+    } else {
+      check(!__builtin_mul_overflow(nonzero_product, dim, &nonzero_product) && nonzero_product <= max_elems,
+            where, ": shape ", shape_it->dump(), " has too many elements");
+    }
+    e.shape.push_back(int64_t(dim));
+  }
+  uint64_t nbytes = 0;
+  check(!__builtin_mul_overflow(nonzero_product, uint64_t(dtype_size(e.dtype)), &nbytes), where, ": shape ",
+        shape_it->dump(), " is too large");
+  if (has_zero) nbytes = 0;
+
+  auto off_it = value.find("data_offsets");
+  check(off_it != value.end() && off_it->is_array() && off_it->size() == 2 && (*off_it)[0].is_number_unsigned() &&
+            (*off_it)[1].is_number_unsigned(),
+        where, ": \"data_offsets\" must be [begin, end] with non-negative integers");
+  e.begin = (*off_it)[0].get<uint64_t>();
+  e.end = (*off_it)[1].get<uint64_t>();
+  check(e.begin <= e.end, where, ": data_offsets [", e.begin, ", ", e.end, "] have begin > end");
+  check(e.end <= data_size, where, ": data_offsets [", e.begin, ", ", e.end, "] run past the end of the data (",
+        data_size, " bytes)");
+  check(e.end - e.begin == nbytes, where, ": shape ", shape_str(e.shape), " of ", safetensors_dtype_name(e.dtype),
+        " needs ", nbytes, " bytes but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin);
+  return e;
+}
+
+uint64_t read_u64_le(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Writes all of `size` bytes or returns false.
+bool write_all(FILE* f, const void* data, size_t size) { return size == 0 || fwrite(data, 1, size, f) == size; }
+
+}  // namespace
+
+std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("cannot open safetensors file ", path, ": ", std::strerror(errno));
+  FdCloser closer{fd};
+  struct stat st;
+  if (fstat(fd, &st) != 0) fail("cannot stat safetensors file ", path, ": ", std::strerror(errno));
+  check(S_ISREG(st.st_mode), path, ": not a regular file");
+  const uint64_t file_size = uint64_t(st.st_size);
+  check(file_size >= 8, path, ": file is ", file_size, " bytes, too short for a safetensors header (needs 8)");
+
+  void* addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (addr == MAP_FAILED) fail("cannot mmap safetensors file ", path, ": ", std::strerror(errno));
+  auto mapping = std::make_shared<const Mapping>(addr, file_size);
+  const auto* base = static_cast<const unsigned char*>(addr);
+
+  // Compare against size - 8 rather than computing 8 + N, which could overflow.
+  const uint64_t header_len = read_u64_le(base);
+  check(header_len <= file_size - 8, path, ": header length ", header_len, " runs past the end of the file (size ",
+        file_size, ")");
+  const char* header_begin = reinterpret_cast<const char*>(base + 8);
+  json header;
+  try {
+    header = json::parse(header_begin, header_begin + header_len);
+  } catch (const json::exception& e) {
+    fail(path, ": header is not valid JSON: ", e.what());
+  }
+  check(header.is_object(), path, ": header is not a JSON object");
+
+  const uint64_t data_size = file_size - 8 - header_len;
+  const std::byte* data = reinterpret_cast<const std::byte*>(base + 8 + header_len);
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    entries.push_back(parse_entry(path, it.key(), it.value(), data_size));
+  }
+
+  // No two tensors may share bytes. Empty tensors occupy nothing, so they cannot overlap.
+  std::vector<const Entry*> by_offset;
+  for (const Entry& e : entries)
+    if (e.end > e.begin) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const Entry& prev = *by_offset[i - 1];
+    const Entry& cur = *by_offset[i];
+    check(cur.begin >= prev.end, path, ": tensors \"", prev.name, "\" [", prev.begin, ", ", prev.end, ") and \"",
+          cur.name, "\" [", cur.begin, ", ", cur.end, ") overlap");
+  }
+
+  std::map<std::string, HostTensor> out;
+  for (Entry& e : entries) {
+    HostTensor t;
+    t.dtype = e.dtype;
+    t.shape = std::move(e.shape);
+    t.data = data + e.begin;
+    t.owner = mapping;
+    out.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
+std::map<std::string, HostTensor> read_safetensors_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path single_path = fs::path(dir) / "model.safetensors";
+  std::error_code ec;
+  if (!fs::exists(index_path, ec)) {
+    if (fs::exists(single_path, ec)) return read_safetensors(single_path.string());
+    fail("no model.safetensors or model.safetensors.index.json in ", dir);
+  }
+
+  const std::string index = index_path.string();
+  std::ifstream in(index, std::ios::binary);
+  check(bool(in), "cannot open ", index);
+  std::stringstream text;
+  text << in.rdbuf();
+  json doc;
+  try {
+    doc = json::parse(text.str());
+  } catch (const json::exception& e) {
+    fail(index, ": not valid JSON: ", e.what());
+  }
+  check(doc.is_object() && doc.contains("weight_map") && doc["weight_map"].is_object(), index,
+        ": expected an object with a \"weight_map\" object");
+
+  // Read each distinct shard once, then pick exactly the tensors the weight map names.
+  std::map<std::string, std::map<std::string, HostTensor>> shards;
+  std::map<std::string, HostTensor> out;
+  for (const auto& [name, file_json] : doc["weight_map"].items()) {
+    check(file_json.is_string(), index, ": weight_map entry for \"", name, "\" is not a string");
+    const std::string& file = file_json.get_ref<const std::string&>();
+    // Shards live beside the index; a path here would let the index point anywhere.
+    check(!file.empty() && file != "." && file != ".." && file.find('/') == std::string::npos, index,
+          ": shard name \"", file, "\" for tensor \"", name, "\" is not a plain file name");
+    auto shard_it = shards.find(file);
+    if (shard_it == shards.end()) {
+      const fs::path shard_path = fs::path(dir) / file;
+      check(fs::exists(shard_path, ec), index, ": shard ", file, " (listed for tensor \"", name, "\") is missing");
+      shard_it = shards.emplace(file, read_safetensors(shard_path.string())).first;
+    }
+    auto t = shard_it->second.find(name);
+    check(t != shard_it->second.end(), index, ": tensor \"", name, "\" is listed in shard ", file,
+          " but that file does not contain it");
+    out.emplace(name, t->second);
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, HostTensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Build the header in the given order; data is laid out in the same order.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = meta;
+  }
+  uint64_t offset = 0;
+  std::set<std::string> seen;
+  for (const auto& [name, t] : tensors) {
+    check(name != "__metadata__", path, ": \"__metadata__\" cannot be a tensor name");
+    check(seen.insert(name).second, path, ": tensor \"", name, "\" is given twice");
+    for (int64_t d : t.shape) check(d >= 0, path, ": tensor \"", name, "\" has negative shape ", shape_str(t.shape));
+    const uint64_t nbytes = t.nbytes();
+    check(nbytes == 0 || t.data != nullptr, path, ": tensor \"", name, "\" has no data");
+    header[name] = {{"dtype", safetensors_dtype_name(t.dtype)},
+                    {"shape", t.shape},
+                    {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::ordered_json::exception& e) {  // e.g. a name that is not valid UTF-8
+    fail(path, ": cannot encode safetensors header: ", e.what());
+  }
+  // Pad with spaces so the data starts at an 8-byte boundary (8 + N is a multiple of 8).
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  unsigned char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(uint64_t(header_text.size()) >> (8 * i));
+
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) fail("cannot create ", tmp, " (writing ", path, "): ", std::strerror(errno));
+  bool ok = write_all(f, len_bytes, 8) && write_all(f, header_text.data(), header_text.size());
+  for (size_t i = 0; ok && i < tensors.size(); ++i) ok = write_all(f, tensors[i].second.data, tensors[i].second.nbytes());
+  ok = ok && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  int saved_errno = errno;
+  if (std::fclose(f) != 0 && ok) {
+    ok = false;
+    saved_errno = errno;
+  }
+  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ok = false;
+    saved_errno = errno;
+  }
+  if (!ok) {
+    std::remove(tmp.c_str());
+    fail("cannot write safetensors file ", path, ": ", std::strerror(saved_errno));
+  }
+  // Make the rename itself durable; a failure here does not undo the (already visible) file.
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  int dfd = open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+}
+
+}  // namespace meshtune

@@ -1,0 +1,30 @@
+// Safetensors files (Hugging Face): an 8-byte little-endian header length, a JSON header
+// {name: {dtype, shape, data_offsets:[begin,end]}, "__metadata__": {...}}, then the raw data.
+// Reading memory-maps the file: tensors alias the map (zero copy), so a 2B model loads in seconds
+// and is never held twice. Every header entry is validated against the file before use.
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace meshtune {
+
+// All tensors of one .safetensors file, keyed by name. Supported dtypes: F32, BF16, F16, I32, I64,
+// U8, BOOL. Throws Error naming the file (and tensor) for: missing/unreadable file, header length
+// past the end of the file, header not JSON, unknown dtype, shape/offset disagreement, offsets
+// outside the data, overlapping tensors.
+std::map<std::string, HostTensor> read_safetensors(const std::string& path);
+
+// The tensors of a Hugging Face checkpoint directory: `model.safetensors`, or the shards listed in
+// `model.safetensors.index.json` ({"weight_map": {name: file}}). Errors name the directory/file.
+std::map<std::string, HostTensor> read_safetensors_dir(const std::string& dir);
+
+// Writes tensors (in the given order) atomically: to `path + ".tmp"`, fsync, rename.
+// The header is padded with spaces so that the data starts at an 8-byte boundary.
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, HostTensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace meshtune

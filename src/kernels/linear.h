@@ -1,0 +1,36 @@
+// The linear-layer kernel: y = x · Wᵀ with W stored [out, in] row-major (Hugging Face's Linear
+// layout), in fp32 or bf16. Large batches go to OpenBLAS sgemm; a few rows (decode) take a
+// matrix-vector path that streams W once at memory bandwidth, converting bf16 on the fly.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace meshtune {
+
+struct WeightMatrix {
+  int64_t rows = 0;  // out
+  int64_t cols = 0;  // in
+  DType dtype = DType::F32;  // F32 or BF16
+  const void* data = nullptr;
+  std::shared_ptr<const void> owner;  // keeps data alive (own buffer or a memory map)
+
+  const float* f32() const { return static_cast<const float*>(data); }
+  const uint16_t* bf16() const { return static_cast<const uint16_t*>(data); }
+  size_t nbytes() const { return size_t(rows) * size_t(cols) * dtype_size(dtype); }
+  float at(int64_t r, int64_t c) const {
+    size_t i = size_t(r) * size_t(cols) + size_t(c);
+    return dtype == DType::F32 ? f32()[i] : bf16_to_f32(bf16()[i]);
+  }
+  // Row r converted to fp32 into out[cols].
+  void row_to_f32(int64_t r, float* out) const;
+};
+
+// y[m, 0:rows] = Σ_k x[m, k] · W[r, k], for m < M. x is [M, cols], y is [M, rows], both row-major.
+void linear(const float* x, int64_t M, const WeightMatrix& W, float* y);
+
+// The plain triple loop (double accumulation): the reference the tests compare `linear` against.
+void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y);
+
+}  // namespace meshtune

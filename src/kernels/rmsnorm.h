@@ -1,0 +1,10 @@
+// Gemma RMSNorm (spec §1.3): y = x · rsqrt(mean(x²) + eps) · (1 + scale), in fp32, over the last dim.
+#pragma once
+#include <cstdint>
+
+namespace meshtune {
+
+// x and y are [rows, dim] (may alias); scale is [dim], stored zero-centred.
+void rmsnorm(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y);
+
+}  // namespace meshtune

@@ -1,0 +1,34 @@
+#include "kernels/rope.h"
+
+#include <cmath>
+#include <vector>
+
+namespace meshtune {
+
+void rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions, float base,
+          float scaling) {
+  const int64_t half = head_dim / 2;
+  // Keras computes the inverse frequencies and angles in fp32.
+  std::vector<float> inv_freq(half);
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = float(1.0 / std::pow(double(base), double(2 * i) / double(head_dim))) / scaling;
+#pragma omp parallel for schedule(static) if (tokens * heads * head_dim > 65536)
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<float> cos_t(half), sin_t(half);
+    for (int64_t i = 0; i < half; ++i) {
+      float angle = float(positions[t]) * inv_freq[i];
+      cos_t[i] = std::cos(angle);
+      sin_t[i] = std::sin(angle);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + (t * heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * cos_t[i] - x2 * sin_t[i];
+        v[i + half] = x2 * cos_t[i] + x1 * sin_t[i];
+      }
+    }
+  }
+}
+
+}  // namespace meshtune

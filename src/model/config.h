@@ -1,0 +1,57 @@
+// GemmaConfig: one plain struct describes Gemma 1, 2 and 3 (text); the family is data, not a class
+// hierarchy. Parsed from a Keras backbone config.json or a Hugging Face config.json (spec §3.2, §4).
+#pragma once
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace meshtune {
+
+struct GemmaConfig {
+  int family = 1;  // 1, 2 or 3
+  int vocab_size = 0;
+  int num_layers = 0;
+  int num_query_heads = 0;  // N
+  int num_key_value_heads = 0;  // K
+  int hidden_dim = 0;  // D
+  int ffw_dim = 0;  // F: the width of one gating matrix (Keras intermediate_dim / 2 for Gemma 1/2)
+  int head_dim = 0;  // H
+  float layer_norm_epsilon = 1e-6f;
+  // Query scaling 1/sqrt(query_scale_dim), applied after RoPE. Keras: head_dim when
+  // query_head_dim_normalize, else hidden_dim / num_query_heads (spec §1.8); HF: query_pre_attn_scalar.
+  float query_scale_dim = 0;
+  bool query_head_dim_normalize = true;
+  bool use_post_attention_norm = false;
+  bool use_post_ffw_norm = false;
+  bool use_query_key_norm = false;  // Gemma 3
+  float attention_logit_soft_cap = 0;  // 0 = none
+  float final_logit_soft_cap = 0;  // 0 = none
+  bool use_sliding_window_attention = false;
+  int sliding_window_size = 0;
+  float rope_local_base = 10000.f;  // Gemma 1/2 use this base on every layer
+  float rope_global_base = 10000.f;  // Gemma 3 global layers: 1e6
+  float rope_local_scaling = 1.f;
+  float rope_global_scaling = 1.f;
+  std::string stored_dtype = "float32";  // the dtype the file declared (informational)
+
+  // Layer i attends within a sliding window (Gemma 2: even layers; Gemma 3: five local, one global).
+  bool is_sliding(int layer) const;
+  float rope_base(int layer) const;
+  float rope_scaling(int layer) const;
+  float query_scale() const;  // 1/sqrt(query_scale_dim), rounded to fp32
+  int keras_intermediate_dim() const { return family == 3 ? ffw_dim : 2 * ffw_dim; }
+  long long num_parameters() const;
+
+  // Throws Error naming `source` if a dimension is missing, non-positive or inconsistent.
+  void validate(const std::string& source) const;
+
+  // Keras `config.json` of a GemmaBackbone / Gemma3Backbone ({"class_name":…, "config":{…}}).
+  static GemmaConfig from_keras_json(const nlohmann::json& j, const std::string& source);
+  // Hugging Face `config.json`, model_type gemma, gemma2, gemma3_text (or gemma3 with text_config).
+  static GemmaConfig from_hf_json(const nlohmann::json& j, const std::string& source);
+  // The Keras backbone config.json object for this config (what save_to_preset writes).
+  nlohmann::json to_keras_json() const;
+  nlohmann::json to_hf_json() const;
+};
+
+}  // namespace meshtune

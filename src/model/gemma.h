@@ -1,0 +1,60 @@
+// The Gemma causal LM forward pass (spec §1), written to read like the math:
+//   x = Emb[ids]·√D; for each block: x += [post_norm](attention(pre_norm(x)));
+//   x += [post_norm](ffw_linear(gelu(gate(n))·up(n))) with n = pre_ffw_norm(x);
+//   h = final_norm(x); logits = [soft_cap](h·Embᵀ).
+// Keys and values go through a KVCache, so one function serves full-sequence scoring (`logits`),
+// prefill and single-token decode.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/linear.h"
+#include "model/config.h"
+
+namespace meshtune {
+
+struct DecoderLayerWeights {
+  std::vector<float> pre_attention_norm, post_attention_norm, pre_ffw_norm, post_ffw_norm;  // (D,)
+  std::vector<float> query_norm, key_norm;                                                  // (H,) Gemma 3
+  WeightMatrix query;             // (N·H, D)
+  WeightMatrix key, value;        // (K·H, D)
+  WeightMatrix attention_output;  // (D, N·H)
+  WeightMatrix ffw_gating;        // (F, D) gate
+  WeightMatrix ffw_gating_2;      // (F, D) up
+  WeightMatrix ffw_linear;        // (D, F) down
+};
+
+struct GemmaModel {
+  GemmaConfig config;
+  WeightMatrix embeddings;  // (V, D), tied with the output projection
+  std::vector<DecoderLayerWeights> layers;
+  std::vector<float> final_norm;  // (D,)
+
+  size_t weight_bytes() const;  // bytes of all weights as stored in memory
+};
+
+// Per-layer keys and values for `batch` rows of up to `capacity` positions, plus which key slots
+// are real tokens (key_valid = 0 marks padding keys, which no query may attend to).
+struct KVCache {
+  int64_t batch = 0, capacity = 0;
+  std::vector<std::vector<float>> keys, values;  // per layer: [B, S, K, H]
+  std::vector<uint8_t> key_valid;                // [B, S]
+  KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity);
+};
+
+// Intermediate values the Keras fixtures record, filled when a trace is passed.
+struct ForwardTrace {
+  std::vector<float> embedding_lookup, embedding_scaled;  // [B·T, D]
+  std::vector<std::vector<float>> block_outputs;          // per block: [B·T, D]
+};
+
+// Runs the backbone on tokens [B, T] placed at positions start .. start+T−1 of every row, writing
+// their keys/values into `cache` (whose key_valid the caller sets). Returns the hidden states after
+// the final norm, [B·T, D]. Throws Error for a token id outside the vocabulary.
+std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
+                                    int64_t start, KVCache& cache, ForwardTrace* trace = nullptr);
+
+// logits[M, V] = soft_cap(hidden[M, D] · Embᵀ).
+void lm_head(const GemmaModel& model, const float* hidden, int64_t M, float* logits);
+
+}  // namespace meshtune

@@ -1,0 +1,115 @@
+#include "model/init.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace meshtune {
+
+GemmaConfig named_config(const std::string& name, int vocab_size) {
+  GemmaConfig c;
+  c.vocab_size = vocab_size;
+  c.num_layers = 2;
+  c.num_query_heads = 4;
+  c.num_key_value_heads = 1;
+  c.hidden_dim = 64;
+  c.ffw_dim = 128;
+  c.head_dim = 16;
+  c.query_scale_dim = 16;
+  if (name == "tiny") {
+    c.family = 1;
+  } else if (name == "tiny-gemma2") {
+    c.family = 2;
+    c.num_key_value_heads = 2;
+    c.use_post_attention_norm = c.use_post_ffw_norm = true;
+    c.attention_logit_soft_cap = 50;
+    c.final_logit_soft_cap = 30;
+    c.use_sliding_window_attention = true;
+    c.sliding_window_size = 8;
+  } else if (name == "tiny-gemma3") {
+    c.family = 3;
+    c.num_layers = 6;
+    c.num_key_value_heads = 2;
+    c.use_post_attention_norm = c.use_post_ffw_norm = c.use_query_key_norm = true;
+    c.use_sliding_window_attention = true;
+    c.sliding_window_size = 8;
+    c.rope_global_base = 1e6f;
+  } else {
+    fail("unknown config '", name, "' (expected tiny, tiny-gemma2 or tiny-gemma3)");
+  }
+  c.validate("config " + name);
+  return c;
+}
+
+// splitmix64 + Box–Muller: the same numbers on every platform and standard library.
+struct NormalRng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }
+  float normal() { return float(std::sqrt(-2 * std::log(uniform())) * std::cos(6.283185307179586 * uniform())); }
+};
+
+static WeightMatrix random_matrix(NormalRng& rng, int64_t rows, int64_t cols, float stddev, DType dtype) {
+  WeightMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.dtype = dtype;
+  const size_t n = size_t(rows) * size_t(cols);
+  if (dtype == DType::F32) {
+    auto data = std::shared_ptr<float[]>(new float[n]);
+    for (size_t i = 0; i < n; ++i) data[i] = rng.normal() * stddev;
+    m.data = data.get();
+    m.owner = data;
+  } else {
+    auto data = std::shared_ptr<uint16_t[]>(new uint16_t[n]);
+    for (size_t i = 0; i < n; ++i) data[i] = f32_to_bf16(rng.normal() * stddev);
+    m.data = data.get();
+    m.owner = data;
+  }
+  return m;
+}
+
+static std::vector<float> random_scale(NormalRng& rng, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = 0.1f * rng.normal();
+  return v;
+}
+
+GemmaModel random_model(const GemmaConfig& c, uint64_t seed, DType dtype) {
+  check(dtype == DType::F32 || dtype == DType::BF16, "random_model: dtype must be float32 or bfloat16");
+  NormalRng rng{seed};
+  GemmaModel m;
+  m.config = c;
+  const int64_t D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim, F = c.ffw_dim;
+  m.embeddings = random_matrix(rng, c.vocab_size, D, float(1 / std::sqrt(double(D))), dtype);
+  for (int i = 0; i < c.num_layers; ++i) {
+    DecoderLayerWeights l;
+    l.pre_attention_norm = random_scale(rng, D);
+    l.pre_ffw_norm = random_scale(rng, D);
+    if (c.use_post_attention_norm) l.post_attention_norm = random_scale(rng, D);
+    if (c.use_post_ffw_norm) l.post_ffw_norm = random_scale(rng, D);
+    if (c.use_query_key_norm) {
+      l.query_norm = random_scale(rng, H);
+      l.key_norm = random_scale(rng, H);
+    }
+    const float in_d = float(1 / std::sqrt(double(D))), in_nh = float(1 / std::sqrt(double(N * H))),
+                in_f = float(1 / std::sqrt(double(F)));
+    l.query = random_matrix(rng, N * H, D, in_d, dtype);
+    l.key = random_matrix(rng, K * H, D, in_d, dtype);
+    l.value = random_matrix(rng, K * H, D, in_d, dtype);
+    l.attention_output = random_matrix(rng, D, N * H, in_nh, dtype);
+    l.ffw_gating = random_matrix(rng, F, D, in_d, dtype);
+    l.ffw_gating_2 = random_matrix(rng, F, D, in_d, dtype);
+    l.ffw_linear = random_matrix(rng, D, F, in_f, dtype);
+    m.layers.push_back(std::move(l));
+  }
+  m.final_norm = random_scale(rng, D);
+  return m;
+}
+
+}  // namespace meshtune

@@ -1,0 +1,178 @@
+#include "model/load.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/keras_h5.h"
+#include "io/safetensors.h"
+#include "model/variables.h"
+
+namespace meshtune {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+static json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  check(bool(in), path, ": cannot open");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    fail(path, ": not valid JSON: ", e.what());
+  }
+}
+
+std::string resolve_model_path(const std::string& model, const std::string& models_dir) {
+  if (fs::is_directory(model)) return model;
+  std::vector<std::string> searched;
+  const bool bare_name = model.find('/') == std::string::npos;
+  if (bare_name) {
+    std::vector<std::string> roots;
+    if (!models_dir.empty()) roots.push_back(models_dir);
+    if (const char* env = std::getenv("MESHTUNE_MODELS")) {
+      std::stringstream ss(env);
+      for (std::string item; std::getline(ss, item, ':');)
+        if (!item.empty()) roots.push_back(item);
+    }
+    for (const auto& root : roots) {
+      fs::path candidate = fs::path(root) / model;
+      if (fs::is_directory(candidate)) return candidate.string();
+      searched.push_back(candidate.string());
+    }
+  }
+  std::ostringstream msg;
+  msg << "model '" << model << "' not found: it is not a directory";
+  if (bare_name) {
+    if (searched.empty()) msg << ", and no search path is set (use --models-dir DIR or MESHTUNE_MODELS=DIR1:DIR2)";
+    else {
+      msg << ", and the search path has no such directory; looked in:";
+      for (const auto& s : searched) msg << "\n  " << s;
+    }
+  }
+  fail(msg.str());
+}
+
+ModelDir inspect_model_dir(const std::string& dir) {
+  ModelDir m;
+  m.path = dir;
+  m.config_path = (fs::path(dir) / "config.json").string();
+  check(fs::is_directory(dir), dir, ": not a directory");
+  check(fs::exists(m.config_path), dir, ": no config.json (expected a Keras preset or a Hugging Face checkpoint)");
+  json config = read_json_file(m.config_path);
+  const bool has_h5 = fs::exists(fs::path(dir) / "model.weights.h5") || fs::exists(fs::path(dir) / "model.weights.json");
+  const bool has_st = fs::exists(fs::path(dir) / "model.safetensors") ||
+                      fs::exists(fs::path(dir) / "model.safetensors.index.json");
+  if (config.contains("class_name")) {
+    m.format = ModelFormat::Keras;
+    check(has_h5, dir, ": Keras preset without model.weights.h5 or model.weights.json");
+    m.tokenizer_path = (fs::path(dir) / "assets/tokenizer/vocabulary.spm").string();
+    fs::path pre = fs::path(dir) / "preprocessor.json";
+    if (fs::exists(pre)) {
+      json p = read_json_file(pre.string());
+      if (p.contains("config") && p["config"].contains("sequence_length") && p["config"]["sequence_length"].is_number_integer())
+        m.sequence_length = p["config"]["sequence_length"].get<int>();
+    }
+  } else if (config.contains("model_type")) {
+    m.format = ModelFormat::HuggingFace;
+    check(has_st, dir, ": Hugging Face checkpoint without model.safetensors or model.safetensors.index.json");
+    m.tokenizer_path = (fs::path(dir) / "tokenizer.model").string();
+  } else {
+    fail(m.config_path, ": neither a Keras config (class_name) nor a Hugging Face config (model_type)");
+  }
+  if (!fs::exists(m.tokenizer_path)) m.tokenizer_path.clear();
+  return m;
+}
+
+// Converts a loaded tensor into a weight matrix, in place when it is already fp32/bf16, aligned,
+// and in our layout; otherwise into a fresh buffer.
+static WeightMatrix to_matrix(const HostTensor& t, bool keep_bf16) {
+  WeightMatrix m;
+  m.rows = t.shape[0];
+  m.cols = num_elements(t.shape) / std::max<int64_t>(1, t.shape[0]);
+  const bool aligned = reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) == 0;
+  const bool keep_as_is = t.dtype == DType::F32 || (t.dtype == DType::BF16 && keep_bf16);
+  if (keep_as_is && aligned) {  // zero copy: alias the file's buffer or memory map
+    m.dtype = t.dtype;
+    m.data = t.data;
+    m.owner = t.owner;
+  } else if (keep_as_is) {  // misaligned: copy the bytes as they are
+    HostTensor copy = HostTensor::allocate(t.dtype, t.shape);
+    std::memcpy(copy.mutable_as<std::byte>(), t.data, t.nbytes());
+    m.dtype = t.dtype;
+    m.data = copy.data;
+    m.owner = copy.owner;
+  } else {  // f16, or bf16 when fp32 was asked for: widen
+    auto values = std::make_shared<std::vector<float>>(to_f32(t));
+    m.dtype = DType::F32;
+    m.data = values->data();
+    m.owner = values;
+  }
+  return m;
+}
+
+static bool is_float_dtype(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
+
+GemmaModel load_model(const ModelDir& dir, bool keep_bf16) {
+  GemmaModel model;
+  json config = read_json_file(dir.config_path);
+  const bool keras = dir.format == ModelFormat::Keras;
+  model.config = keras ? GemmaConfig::from_keras_json(config, dir.config_path)
+                       : GemmaConfig::from_hf_json(config, dir.config_path);
+  std::map<std::string, HostTensor> tensors = keras ? read_keras_weights_dir(dir.path) : read_safetensors_dir(dir.path);
+  const std::string weights_file =
+      keras ? (fs::path(dir.path) / (fs::exists(fs::path(dir.path) / "model.weights.json") ? "model.weights.json" : "model.weights.h5")).string()
+            : (fs::path(dir.path) / (fs::exists(fs::path(dir.path) / "model.safetensors.index.json") ? "model.safetensors.index.json" : "model.safetensors")).string();
+
+  // Gemma 3 multimodal HF repos prefix the text model's names.
+  if (!keras && !tensors.count("model.embed_tokens.weight")) {
+    for (const std::string prefix : {"model.language_model.", "language_model.model."}) {
+      if (!tensors.count(prefix + "embed_tokens.weight")) continue;
+      std::map<std::string, HostTensor> renamed;
+      for (auto& [name, t] : tensors)
+        if (name.rfind(prefix, 0) == 0) renamed["model." + name.substr(prefix.size())] = t;
+      tensors = std::move(renamed);
+      break;
+    }
+  }
+
+  const GemmaConfig& c = model.config;
+  model.layers.resize(size_t(c.num_layers));
+  for (const VariableSpec& spec : gemma_variables(c)) {
+    const std::string& name = keras ? spec.h5_path : spec.hf_name;
+    auto it = tensors.find(name);
+    check(it != tensors.end(), weights_file, ": missing tensor ", name, " (", spec.keras_path, ")");
+    HostTensor t = it->second;
+    const Shape& expected = keras ? spec.keras_shape : spec.hf_shape;
+    check(is_float_dtype(t.dtype), weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype),
+          ", expected a floating-point type");
+    check(t.shape == expected, weights_file, ": tensor ", name, " has shape ", shape_str(t.shape), ", but ",
+          dir.config_path, " implies ", shape_str(expected));
+    if (keras) t = keras_to_ours(t, spec.kind);
+    DecoderLayerWeights* layer = spec.layer >= 0 ? &model.layers[size_t(spec.layer)] : nullptr;
+    switch (spec.slot) {
+      case Slot::Embeddings: model.embeddings = to_matrix(t, keep_bf16); break;
+      case Slot::FinalNorm: model.final_norm = to_f32(t); break;
+      case Slot::PreAttentionNorm: layer->pre_attention_norm = to_f32(t); break;
+      case Slot::PostAttentionNorm: layer->post_attention_norm = to_f32(t); break;
+      case Slot::PreFfwNorm: layer->pre_ffw_norm = to_f32(t); break;
+      case Slot::PostFfwNorm: layer->post_ffw_norm = to_f32(t); break;
+      case Slot::QueryNorm: layer->query_norm = to_f32(t); break;
+      case Slot::KeyNorm: layer->key_norm = to_f32(t); break;
+      case Slot::Query: layer->query = to_matrix(t, keep_bf16); break;
+      case Slot::Key: layer->key = to_matrix(t, keep_bf16); break;
+      case Slot::Value: layer->value = to_matrix(t, keep_bf16); break;
+      case Slot::AttentionOutput: layer->attention_output = to_matrix(t, keep_bf16); break;
+      case Slot::FfwGating: layer->ffw_gating = to_matrix(t, keep_bf16); break;
+      case Slot::FfwGating2: layer->ffw_gating_2 = to_matrix(t, keep_bf16); break;
+      case Slot::FfwLinear: layer->ffw_linear = to_matrix(t, keep_bf16); break;
+    }
+  }
+  return model;
+}
+
+}  // namespace meshtune

@@ -1,0 +1,36 @@
+// Finding and loading a model directory: a Keras preset (config.json + model.weights.h5 or its
+// sharded index + assets/tokenizer/vocabulary.spm) or a Hugging Face checkpoint (config.json with a
+// model_type + model.safetensors or its index + tokenizer.model). The format is detected from the
+// files present, never guessed silently.
+#pragma once
+#include <string>
+
+#include "model/gemma.h"
+
+namespace meshtune {
+
+enum class ModelFormat { Keras, HuggingFace };
+
+struct ModelDir {
+  std::string path;            // the directory
+  ModelFormat format = ModelFormat::Keras;
+  std::string config_path;     // config.json
+  std::string tokenizer_path;  // vocabulary.spm / tokenizer.model ("" if absent)
+  int sequence_length = 1024;  // preprocessor.json's, else KerasHub's default 1024
+};
+
+// Resolves MODEL to a directory: an existing path is used as it is; a bare preset name
+// ("gemma_2b_en") is looked up in `models_dir` (if given), then in each entry of the
+// MESHTUNE_MODELS environment variable (colon-separated). Throws Error listing where it looked.
+std::string resolve_model_path(const std::string& model, const std::string& models_dir = "");
+
+// Detects the format and reads the config. Throws Error naming the directory/file.
+ModelDir inspect_model_dir(const std::string& dir);
+
+// Loads config and weights. `keep_bf16` keeps bf16-stored matrices as bf16 (converted inside the
+// kernels); otherwise everything is widened to fp32 at load. fp32 safetensors are memory-mapped
+// and used in place. Every tensor's presence, dtype and shape are checked against the config;
+// errors name the file and the tensor.
+GemmaModel load_model(const ModelDir& dir, bool keep_bf16 = true);
+
+}  // namespace meshtune

@@ -1,0 +1,121 @@
+#include "model/save.h"
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "io/keras_h5.h"
+#include "io/safetensors.h"
+#include "model/variables.h"
+
+namespace meshtune {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// A model variable as a HostTensor in our (= HF) layout, aliasing the model's memory.
+static HostTensor variable_tensor(const GemmaModel& model, const VariableSpec& spec) {
+  auto from_matrix = [&](const WeightMatrix& m) {
+    HostTensor t;
+    t.dtype = m.dtype;
+    t.shape = spec.hf_shape;
+    t.data = static_cast<const std::byte*>(m.data);
+    t.owner = m.owner;
+    return t;
+  };
+  auto from_vector = [&](const std::vector<float>& v) {
+    HostTensor t;
+    t.dtype = DType::F32;
+    t.shape = spec.hf_shape;
+    t.data = reinterpret_cast<const std::byte*>(v.data());
+    return t;  // the model outlives the save call
+  };
+  const DecoderLayerWeights* l = spec.layer >= 0 ? &model.layers[size_t(spec.layer)] : nullptr;
+  switch (spec.slot) {
+    case Slot::Embeddings: return from_matrix(model.embeddings);
+    case Slot::FinalNorm: return from_vector(model.final_norm);
+    case Slot::PreAttentionNorm: return from_vector(l->pre_attention_norm);
+    case Slot::PostAttentionNorm: return from_vector(l->post_attention_norm);
+    case Slot::PreFfwNorm: return from_vector(l->pre_ffw_norm);
+    case Slot::PostFfwNorm: return from_vector(l->post_ffw_norm);
+    case Slot::QueryNorm: return from_vector(l->query_norm);
+    case Slot::KeyNorm: return from_vector(l->key_norm);
+    case Slot::Query: return from_matrix(l->query);
+    case Slot::Key: return from_matrix(l->key);
+    case Slot::Value: return from_matrix(l->value);
+    case Slot::AttentionOutput: return from_matrix(l->attention_output);
+    case Slot::FfwGating: return from_matrix(l->ffw_gating);
+    case Slot::FfwGating2: return from_matrix(l->ffw_gating_2);
+    case Slot::FfwLinear: return from_matrix(l->ffw_linear);
+  }
+  fail("unknown variable slot");
+}
+
+static json dtype_policy(const std::string& name) {
+  return {{"module", "keras"}, {"class_name", "DTypePolicy"}, {"config", {{"name", name}}}, {"registered_name", nullptr}};
+}
+
+void save_keras_preset(const GemmaModel& model, const std::string& tokenizer_path, int sequence_length,
+                       const std::string& out_dir) {
+  fs::create_directories(fs::path(out_dir) / "assets" / "tokenizer");
+  const GemmaConfig& c = model.config;
+  std::vector<std::pair<std::string, HostTensor>> datasets;
+  for (const VariableSpec& spec : gemma_variables(c))
+    datasets.emplace_back(spec.h5_path, ours_to_keras(variable_tensor(model, spec), spec.kind, spec.keras_shape));
+  write_h5_datasets((fs::path(out_dir) / "model.weights.h5").string(), datasets);
+
+  const json backbone = c.to_keras_json();
+  const bool g3 = c.family == 3;
+  const std::string prefix = g3 ? "gemma3" : "gemma";
+  const std::string cap = g3 ? "Gemma3" : "Gemma";
+  json tokenizer = {{"module", "keras_hub.src.models." + prefix + "." + prefix + "_tokenizer"},
+                    {"class_name", cap + "Tokenizer"},
+                    {"config", {{"name", prefix + "_tokenizer"}, {"trainable", true}, {"dtype", dtype_policy("int32")},
+                                {"config_file", "tokenizer.json"}, {"proto", nullptr}, {"sequence_length", nullptr},
+                                {"add_bos", false}, {"add_eos", false}}},
+                    {"registered_name", "keras_hub>" + cap + "Tokenizer"}};
+  json preprocessor = {{"module", "keras_hub.src.models." + prefix + "." + prefix + "_causal_lm_preprocessor"},
+                       {"class_name", cap + "CausalLMPreprocessor"},
+                       {"config", {{"name", prefix + "_causal_lm_preprocessor"}, {"trainable", true},
+                                   {"dtype", dtype_policy("float32")}, {"tokenizer", tokenizer},
+                                   {"config_file", "preprocessor.json"}, {"sequence_length", sequence_length},
+                                   {"add_start_token", true}, {"add_end_token", true}}},
+                       {"registered_name", "keras_hub>" + cap + "CausalLMPreprocessor"}};
+  json task = {{"module", "keras_hub.src.models." + prefix + "." + prefix + "_causal_lm"},
+               {"class_name", cap + "CausalLM"},
+               {"config", {{"backbone", backbone}, {"preprocessor", preprocessor}, {"name", prefix + "_causal_lm"}}},
+               {"registered_name", "keras_hub>" + cap + "CausalLM"}};
+  std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d@%H:%M:%S", std::gmtime(&now));
+  json metadata = {{"keras_version", "3.15.1"}, {"keras_hub_version", "0.31.1"},
+                   {"parameter_count", c.num_parameters()}, {"date_saved", date}, {"tasks", {"CausalLM"}},
+                   {"saved_by", "meshtune"}};
+  write_file_atomic((fs::path(out_dir) / "config.json").string(), backbone.dump(4));
+  write_file_atomic((fs::path(out_dir) / "tokenizer.json").string(), tokenizer.dump(4));
+  write_file_atomic((fs::path(out_dir) / "preprocessor.json").string(), preprocessor.dump(4));
+  write_file_atomic((fs::path(out_dir) / "task.json").string(), task.dump(4));
+  write_file_atomic((fs::path(out_dir) / "metadata.json").string(), metadata.dump(4));
+  if (!tokenizer_path.empty())
+    copy_file_atomic(tokenizer_path, (fs::path(out_dir) / "assets" / "tokenizer" / "vocabulary.spm").string());
+}
+
+void save_hf_checkpoint(const GemmaModel& model, const std::string& tokenizer_path, const std::string& out_dir) {
+  fs::create_directories(out_dir);
+  std::vector<std::pair<std::string, HostTensor>> tensors;
+  for (const VariableSpec& spec : gemma_variables(model.config))
+    tensors.emplace_back(spec.hf_name, variable_tensor(model, spec));
+  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_file_atomic((fs::path(out_dir) / "config.json").string(), model.config.to_hf_json().dump(2));
+  json tokenizer_config = {{"tokenizer_class", "GemmaTokenizer"}, {"bos_token", "<bos>"}, {"eos_token", "<eos>"},
+                           {"pad_token", "<pad>"}, {"unk_token", "<unk>"}, {"add_bos_token", true},
+                           {"add_eos_token", false}};
+  write_file_atomic((fs::path(out_dir) / "tokenizer_config.json").string(), tokenizer_config.dump(2));
+  if (!tokenizer_path.empty()) copy_file_atomic(tokenizer_path, (fs::path(out_dir) / "tokenizer.model").string());
+}
+
+}  // namespace meshtune

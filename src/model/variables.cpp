@@ -1,0 +1,106 @@
+#include "model/variables.h"
+
+#include <array>
+
+#include "core/error.h"
+
+namespace meshtune {
+
+std::vector<VariableSpec> gemma_variables(const GemmaConfig& c) {
+  const int64_t V = c.vocab_size, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads,
+                H = c.head_dim, F = c.ffw_dim;
+  std::vector<VariableSpec> vars;
+  vars.push_back({"token_embedding/embeddings", "layers/reversible_embedding/vars/0", "model.embed_tokens.weight",
+                  {V, D}, {V, D}, VarKind::Embedding, Slot::Embeddings, -1});
+  const std::string block_class = c.family == 3 ? "gemma3_decoder_block" : "gemma_decoder_block";
+  for (int i = 0; i < c.num_layers; ++i) {
+    const std::string kp = "decoder_block_" + std::to_string(i) + "/";
+    const std::string hp = "layers/" + block_class + (i ? "_" + std::to_string(i) : "") + "/";
+    const std::string fp = "model.layers." + std::to_string(i) + ".";
+    auto add = [&](const std::string& keras, const std::string& h5, const std::string& hf, Shape ks, Shape hs,
+                   VarKind kind, Slot slot) {
+      vars.push_back({kp + keras, hp + h5 + "/vars/0", fp + hf, ks, hs, kind, slot, i});
+    };
+    add("pre_attention_norm/scale", "pre_attention_norm", "input_layernorm.weight", {D}, {D}, VarKind::Norm,
+        Slot::PreAttentionNorm);
+    if (c.use_post_attention_norm)
+      add("post_attention_norm/scale", "post_attention_norm", "post_attention_layernorm.weight", {D}, {D},
+          VarKind::Norm, Slot::PostAttentionNorm);
+    add("attention/query/kernel", "attention/query_dense", "self_attn.q_proj.weight", {N, D, H}, {N * H, D},
+        VarKind::HeadsIn, Slot::Query);
+    add("attention/key/kernel", "attention/key_dense", "self_attn.k_proj.weight", {K, D, H}, {K * H, D},
+        VarKind::HeadsIn, Slot::Key);
+    add("attention/value/kernel", "attention/value_dense", "self_attn.v_proj.weight", {K, D, H}, {K * H, D},
+        VarKind::HeadsIn, Slot::Value);
+    if (c.use_query_key_norm) {
+      add("attention/query_norm/scale", "attention/query_norm", "self_attn.q_norm.weight", {H}, {H}, VarKind::Norm,
+          Slot::QueryNorm);
+      add("attention/key_norm/scale", "attention/key_norm", "self_attn.k_norm.weight", {H}, {H}, VarKind::Norm,
+          Slot::KeyNorm);
+    }
+    add("attention/attention_output/kernel", "attention/output_dense", "self_attn.o_proj.weight", {N, H, D},
+        {D, N * H}, VarKind::HeadsOut, Slot::AttentionOutput);
+    // The norm-naming trap (spec §4): HF Gemma 1 calls the pre-FFW norm post_attention_layernorm.
+    add("pre_ffw_norm/scale", "pre_ffw_norm",
+        c.family == 1 ? "post_attention_layernorm.weight" : "pre_feedforward_layernorm.weight", {D}, {D},
+        VarKind::Norm, Slot::PreFfwNorm);
+    if (c.use_post_ffw_norm)
+      add("post_ffw_norm/scale", "post_ffw_norm", "post_feedforward_layernorm.weight", {D}, {D}, VarKind::Norm,
+          Slot::PostFfwNorm);
+    add("ffw_gating/kernel", "gating_ffw", "mlp.gate_proj.weight", {D, F}, {F, D}, VarKind::Dense, Slot::FfwGating);
+    add("ffw_gating_2/kernel", "gating_ffw_2", "mlp.up_proj.weight", {D, F}, {F, D}, VarKind::Dense,
+        Slot::FfwGating2);
+    add("ffw_linear/kernel", "ffw_linear", "mlp.down_proj.weight", {F, D}, {D, F}, VarKind::Dense, Slot::FfwLinear);
+  }
+  vars.push_back({"final_normalization/scale", "layers/rms_normalization/vars/0", "model.norm.weight", {D}, {D},
+                  VarKind::Norm, Slot::FinalNorm, -1});
+  return vars;
+}
+
+// out[j0][j1][j2] = in[i0][i1][i2] where out dim k is in dim perm[k].
+static HostTensor permute3(const HostTensor& in, std::array<int64_t, 3> dims, std::array<int, 3> perm,
+                           const Shape& out_shape) {
+  HostTensor out = HostTensor::allocate(in.dtype, out_shape);
+  const size_t es = dtype_size(in.dtype);
+  const std::array<int64_t, 3> in_strides = {dims[1] * dims[2], dims[2], 1};
+  const std::array<int64_t, 3> od = {dims[perm[0]], dims[perm[1]], dims[perm[2]]};
+  std::byte* dst = out.mutable_as<std::byte>();
+  size_t o = 0;
+  for (int64_t a = 0; a < od[0]; ++a)
+    for (int64_t b = 0; b < od[1]; ++b)
+      for (int64_t c = 0; c < od[2]; ++c, ++o) {
+        int64_t src = a * in_strides[perm[0]] + b * in_strides[perm[1]] + c * in_strides[perm[2]];
+        std::memcpy(dst + o * es, in.data + size_t(src) * es, es);
+      }
+  return out;
+}
+
+HostTensor keras_to_ours(const HostTensor& k, VarKind kind) {
+  switch (kind) {
+    case VarKind::Embedding:
+    case VarKind::Norm: return k;
+    case VarKind::HeadsIn:  // (n, d, h) -> (n, h, d) = (n·H, D)
+      return permute3(k, {k.shape[0], k.shape[1], k.shape[2]}, {0, 2, 1}, {k.shape[0] * k.shape[2], k.shape[1]});
+    case VarKind::HeadsOut:  // (n, h, d) -> (d, n, h) = (D, N·H)
+      return permute3(k, {k.shape[0], k.shape[1], k.shape[2]}, {2, 0, 1}, {k.shape[2], k.shape[0] * k.shape[1]});
+    case VarKind::Dense:  // (in, out) -> (out, in)
+      return permute3(k, {1, k.shape[0], k.shape[1]}, {0, 2, 1}, {k.shape[1], k.shape[0]});
+  }
+  return k;
+}
+
+HostTensor ours_to_keras(const HostTensor& t, VarKind kind, const Shape& ks) {
+  switch (kind) {
+    case VarKind::Embedding:
+    case VarKind::Norm: return t;
+    case VarKind::HeadsIn:  // (n, h, d) -> (n, d, h)
+      return permute3(t, {ks[0], ks[2], ks[1]}, {0, 2, 1}, ks);
+    case VarKind::HeadsOut:  // (d, n, h) -> (n, h, d)
+      return permute3(t, {ks[2], ks[0], ks[1]}, {1, 2, 0}, ks);
+    case VarKind::Dense:  // (out, in) -> (in, out)
+      return permute3(t, {1, ks[1], ks[0]}, {0, 2, 1}, ks);
+  }
+  return t;
+}
+
+}  // namespace meshtune

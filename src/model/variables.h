@@ -1,0 +1,46 @@
+// The variables of a Gemma backbone, in Keras `backbone.weights` order, with every name they go by:
+// the Keras variable path, the dataset path inside `model.weights.h5`, and the Hugging Face
+// tensor name (spec §2, §3.3, §4). Loading, saving and `info` all walk this one table.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace meshtune {
+
+// How a variable's Keras layout maps onto our [out, in] matrices (= HF layout).
+enum class VarKind {
+  Embedding,     // (V, D) in both
+  Norm,          // (D,) or (H,) in both
+  HeadsIn,       // Keras (heads, D, H) -> ours (heads·H, D): query, key, value
+  HeadsOut,      // Keras (N, H, D)     -> ours (D, N·H):     attention_output
+  Dense,         // Keras (in, out)     -> ours (out, in):    ffw_gating, ffw_gating_2, ffw_linear
+};
+
+enum class Slot {
+  Embeddings, FinalNorm,
+  PreAttentionNorm, PostAttentionNorm, PreFfwNorm, PostFfwNorm, QueryNorm, KeyNorm,
+  Query, Key, Value, AttentionOutput, FfwGating, FfwGating2, FfwLinear,
+};
+
+struct VariableSpec {
+  std::string keras_path;  // "decoder_block_0/attention/query/kernel"
+  std::string h5_path;     // "layers/gemma_decoder_block/attention/query_dense/vars/0"
+  std::string hf_name;     // "model.layers.0.self_attn.q_proj.weight"
+  Shape keras_shape;       // (N, D, H)
+  Shape hf_shape;          // (N·H, D) — also our in-memory layout
+  VarKind kind;
+  Slot slot;
+  int layer = -1;          // decoder block index, -1 for embeddings / final norm
+};
+
+std::vector<VariableSpec> gemma_variables(const GemmaConfig& config);
+
+// Converts a tensor between Keras layout and ours (= HF), any element size. `to_ours` picks the
+// direction. Returns a new owning tensor of the same dtype.
+HostTensor keras_to_ours(const HostTensor& keras, VarKind kind);
+HostTensor ours_to_keras(const HostTensor& ours, VarKind kind, const Shape& keras_shape);
+
+}  // namespace meshtune
