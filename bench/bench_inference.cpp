@@ -1,0 +1,282 @@
+// bench_inference: load time, prefill and decode speed and peak memory of a Gemma-2B-shaped model
+// (random weights) read from a Hugging Face checkpoint, next to this machine's limits (sgemm rate,
+// memory bandwidth) measured in the same run. Prints one JSON line on stdout; progress on stderr.
+//
+//   bench_inference [--dtype f32|bf16] [--layers 18] [--threads 2] [--prompt 128] [--decode 16]
+//                   [--dir /tmp/meshtune-bench] [--repeat 3]
+//
+// The checkpoint is created once per (dtype, layers) under --dir, in a child process so that
+// building it never counts towards this process's peak RSS. See bench/README.md.
+#include <cblas.h>
+#include <omp.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "machine_limits.h"
+#include "model/gemma.h"
+#include "model/init.h"
+#include "model/load.h"
+#include "model/save.h"
+
+namespace fs = std::filesystem;
+using namespace meshtune;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  std::string dtype = "f32";
+  int layers = 18;
+  int threads = 2;
+  int prompt = 128;
+  int decode = 16;
+  std::string dir = "/tmp/meshtune-bench";
+  int repeat = 3;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  std::cerr << "bench_inference: " << problem << "\n"
+            << "usage: bench_inference [--dtype f32|bf16] [--layers N] [--threads N] [--prompt N] [--decode N]\n"
+            << "                       [--dir DIR] [--repeat N]\n";
+  std::exit(2);
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") usage("measures load, prefill and decode of a Gemma-2B-shaped model");
+    if (i + 1 >= argc) usage("missing value for " + arg);
+    const std::string value = argv[++i];
+    auto number = [&](int min) {
+      char* end = nullptr;
+      long v = std::strtol(value.c_str(), &end, 10);
+      if (*end != '\0' || v < min) usage(arg + " needs an integer >= " + std::to_string(min) + ", got '" + value + "'");
+      return int(v);
+    };
+    if (arg == "--dtype") {
+      if (value != "f32" && value != "bf16") usage("--dtype must be f32 or bf16");
+      o.dtype = value;
+    } else if (arg == "--layers") o.layers = number(1);
+    else if (arg == "--threads") o.threads = number(1);
+    else if (arg == "--prompt") o.prompt = number(1);
+    else if (arg == "--decode") o.decode = number(1);
+    else if (arg == "--dir") o.dir = value;
+    else if (arg == "--repeat") o.repeat = number(1);
+    else usage("unknown option " + arg);
+  }
+  return o;
+}
+
+// Gemma 2B: vocab 256000, hidden 2048, 8 query heads sharing 1 KV head of dim 256, FFN 16384.
+GemmaConfig gemma_2b_config(int layers) {
+  GemmaConfig c;
+  c.family = 1;
+  c.vocab_size = 256000;
+  c.hidden_dim = 2048;
+  c.num_layers = layers;
+  c.num_query_heads = 8;
+  c.num_key_value_heads = 1;
+  c.head_dim = 256;
+  c.ffw_dim = 16384;
+  c.query_scale_dim = 256;
+  c.validate("gemma-2b bench config");
+  return c;
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double peak_rss_gib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) * 1024.0 / double(1 << 30);  // ru_maxrss is in KiB on Linux
+}
+
+// Creates the checkpoint in a forked child (before this process starts any OpenMP threads), so
+// the ~10 GB of freshly generated weights never show up in our own peak RSS. A marker file
+// written last makes an interrupted creation count as absent.
+std::string ensure_checkpoint(const Options& o) {
+  const std::string path = (fs::path(o.dir) / ("gemma2b-" + o.dtype + "-L" + std::to_string(o.layers))).string();
+  const fs::path marker = fs::path(path) / "bench-complete";
+  if (fs::exists(marker)) return path;
+  std::cerr << "bench_inference: creating " << path << " (once; random weights, takes a few minutes)\n";
+  fs::create_directories(path);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  check(pid >= 0, "fork failed");
+  if (pid == 0) {
+    int code = 0;
+    try {
+      auto t0 = Clock::now();
+      GemmaModel model = random_model(gemma_2b_config(o.layers), 1234, o.dtype == "bf16" ? DType::BF16 : DType::F32);
+      std::cerr << "bench_inference: generated weights in " << seconds_since(t0) << " s\n";
+      t0 = Clock::now();
+      save_hf_checkpoint(model, "", path);
+      std::ofstream(marker) << "ok\n";
+      std::cerr << "bench_inference: saved in " << seconds_since(t0) << " s\n";
+    } catch (const std::exception& e) {
+      std::cerr << "bench_inference: creating the checkpoint failed: " << e.what() << "\n";
+      code = 1;
+    }
+    std::fflush(nullptr);
+    _exit(code);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "creating ", path, " failed");
+  return path;
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return int32_t(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// Bytes of every weight matrix: what one decode step must stream from memory (the embedding is
+// read in full as the tied LM head; its row lookup for the input token is negligible).
+size_t matrix_bytes(const GemmaModel& m) {
+  size_t total = m.embeddings.nbytes();
+  for (const auto& l : m.layers)
+    for (const WeightMatrix* w : {&l.query, &l.key, &l.value, &l.attention_output, &l.ffw_gating, &l.ffw_gating_2,
+                                  &l.ffw_linear})
+      total += w->nbytes();
+  return total;
+}
+
+size_t layer_matrix_params(const GemmaModel& m) {
+  size_t total = 0;
+  for (const auto& l : m.layers)
+    for (const WeightMatrix* w : {&l.query, &l.key, &l.value, &l.attention_output, &l.ffw_gating, &l.ffw_gating_2,
+                                  &l.ffw_linear})
+      total += size_t(w->rows) * size_t(w->cols);
+  return total;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse_args(argc, argv);
+  try {
+    const std::string path = ensure_checkpoint(o);
+
+    // Same thread count for our OpenMP loops and OpenBLAS (the OpenMP build of OpenBLAS runs on
+    // the same libgomp pool, so neither oversubscribes the other).
+    omp_set_num_threads(o.threads);
+    openblas_set_num_threads(o.threads);
+
+    // --- load: the API calls (safetensors are memory-mapped, so this is mostly header parsing) ---
+    auto t0 = Clock::now();
+    const ModelDir dir = inspect_model_dir(path);
+    const GemmaModel model = load_model(dir, /*keep_bf16=*/true);
+    const double load_s = seconds_since(t0);
+    const GemmaConfig& c = model.config;
+    const int64_t V = c.vocab_size, D = c.hidden_dim, T = o.prompt;
+
+    std::vector<int32_t> prompt(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) prompt[size_t(i)] = int32_t(3 + (i * 7919) % (V - 3));
+    prompt[0] = 2;  // <bos>
+
+    std::vector<float> logits(static_cast<size_t>(V));
+    std::vector<double> prefill_s, decode_step_s;
+    double first_prefill_s = 0;
+    // Run 0 is a warm-up (it faults the mapped weights into this process) and is reported apart.
+    for (int run = 0; run <= o.repeat; ++run) {
+      KVCache cache(c, 1, T + o.decode);
+      t0 = Clock::now();
+      std::vector<float> hidden = backbone_forward(model, prompt.data(), 1, T, 0, cache);
+      lm_head(model, hidden.data() + (T - 1) * D, 1, logits.data());
+      const double s = seconds_since(t0);
+      if (run == 0) first_prefill_s = s;
+      else prefill_s.push_back(s);
+      int32_t token = argmax(logits);
+      for (int step = 0; step < o.decode; ++step) {
+        t0 = Clock::now();
+        hidden = backbone_forward(model, &token, 1, 1, T + step, cache);
+        lm_head(model, hidden.data(), 1, logits.data());
+        token = argmax(logits);
+        if (run > 0) decode_step_s.push_back(seconds_since(t0));
+      }
+      std::cerr << "bench_inference: run " << run << (run == 0 ? " (warm-up)" : "") << ": prefill " << s << " s\n";
+    }
+    const double rss_gib = peak_rss_gib();  // before the machine-limit buffers below
+
+    const size_t weight_bytes = matrix_bytes(model);
+    // Prefill FLOPs: 2 per multiply-add of every layer matrix for each of the T tokens, the LM head
+    // for the last position only, plus causal attention: QKᵀ and P·V each 2·N·H per (query, allowed
+    // key) pair, Σ_t (t+1) = T(T+1)/2 pairs per head group. Norms, RoPE, softmax, GeGLU are left out.
+    const double matmul_flops = 2.0 * double(layer_matrix_params(model)) * double(T) + 2.0 * double(V) * double(D);
+    const double attention_flops =
+        double(c.num_layers) * 4.0 * c.num_query_heads * c.head_dim * (double(T) * double(T + 1) / 2);
+    // Average KV-cache bytes one decode step reads (keys + values, all layers), for comparison.
+    const double kv_bytes = 2.0 * c.num_layers * (T + o.decode / 2.0) * c.num_key_value_heads * c.head_dim * 4;
+    const int64_t params = int64_t(c.num_parameters());
+
+    // --- machine limits, same thread count ---
+    std::cerr << "bench_inference: measuring machine limits\n";
+    const size_t gib = size_t(1) << 30;
+    const double sgemm = bench::sgemm_gflops(2048, 2048, 2048, false, 5);
+    const double sgemm_prefill_shape = bench::sgemm_gflops(int(T), int(c.ffw_dim), int(D), true, 5);
+    const double copy = bench::copy_gbps(gib, 5);
+    const double read = bench::read_gbps(gib, 5, o.threads);
+    const double read_1t = bench::read_gbps(gib, 5, 1);
+
+    const double prefill_tok_s = double(T) / median(prefill_s);
+    const double prefill_gflops = (matmul_flops + attention_flops) / median(prefill_s) / 1e9;
+    const double decode_tok_s = 1.0 / median(decode_step_s);
+    const double bound_tok_s = read * 1e9 / double(weight_bytes);
+
+    nlohmann::ordered_json j;
+    j["dtype"] = o.dtype;
+    j["layers"] = c.num_layers;
+    j["threads"] = o.threads;
+    j["prompt_tokens"] = T;
+    j["decode_tokens"] = o.decode;
+    j["repeat"] = o.repeat;
+    j["params"] = params;
+    j["load_s"] = load_s;
+    j["first_prefill_s"] = first_prefill_s;
+    j["prefill_s"] = median(prefill_s);
+    j["prefill_tok_s"] = prefill_tok_s;
+    j["prefill_gflop"] = (matmul_flops + attention_flops) / 1e9;
+    j["prefill_attention_gflop"] = attention_flops / 1e9;
+    j["prefill_gflops"] = prefill_gflops;
+    j["decode_ms_per_token"] = 1e3 * median(decode_step_s);
+    j["decode_tok_s"] = decode_tok_s;
+    j["decode_tok_s_mean"] = double(decode_step_s.size()) / [&] { double s = 0; for (double x : decode_step_s) s += x; return s; }();
+    j["peak_rss_gib"] = rss_gib;
+    j["weight_bytes_per_token"] = weight_bytes;
+    j["kv_bytes_per_token"] = kv_bytes;
+    j["decode_effective_gbps"] = double(weight_bytes) * decode_tok_s / 1e9;
+    j["bound_tok_s"] = bound_tok_s;
+    j["bound_ratio"] = bound_tok_s / decode_tok_s;  // measured time / ideal time; 1.0 = at the bound
+    j["sgemm_gflops"] = sgemm;
+    j["sgemm_prefill_shape_gflops"] = sgemm_prefill_shape;
+    j["prefill_vs_sgemm"] = prefill_gflops / sgemm;
+    j["copy_gbps"] = copy;
+    j["read_gbps"] = read;
+    j["read_gbps_1thread"] = read_1t;
+    std::cout << j.dump() << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_inference: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,132 @@
+#include "machine_limits.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+// GCC 12 warns falsely inside _mm512_reduce_add_ps.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace meshtune::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// A 64-byte aligned buffer whose pages are touched (by all threads, in the layout they will read)
+// before any timing, so page faults never land inside a measurement.
+struct AlignedBuffer {
+  std::unique_ptr<char, decltype(&std::free)> ptr{nullptr, &std::free};
+  size_t bytes = 0;
+  explicit AlignedBuffer(size_t n) : ptr(static_cast<char*>(std::aligned_alloc(64, (n + 63) / 64 * 64)), &std::free), bytes(n) {
+    if (!ptr) throw std::bad_alloc();
+    char* p = ptr.get();
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i += 4096) std::memset(p + i, 1, std::min<size_t>(4096, n - i));
+  }
+  char* data() { return ptr.get(); }
+};
+
+// Thread t of n gets bytes [begin, end) of a buffer, split on 64-byte lines.
+void share(size_t bytes, int t, int n, size_t& begin, size_t& end) {
+  const size_t lines = bytes / 64;
+  begin = lines * size_t(t) / size_t(n) * 64;
+  end = t == n - 1 ? bytes : lines * size_t(t + 1) / size_t(n) * 64;
+}
+
+float sum_floats(const float* p, size_t n) {
+#if defined(__AVX512F__)
+  __m512 a[8];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128)
+    for (int j = 0; j < 8; ++j) a[j] = _mm512_add_ps(a[j], _mm512_load_ps(p + i + 16 * j));
+  for (int j = 1; j < 8; ++j) a[0] = _mm512_add_ps(a[0], a[j]);
+  float s = _mm512_reduce_add_ps(a[0]);
+#else
+  float s = 0;
+  size_t i = 0;
+#endif
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+
+}  // namespace
+
+double sgemm_gflops(int M, int N, int K, bool b_transposed, int reps) {
+  std::vector<float> a(size_t(M) * K), b(size_t(N) * K), c(size_t(M) * N);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float(i % 7) * 0.1f - 0.3f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float(i % 5) * 0.1f - 0.2f;
+  auto call = [&] {
+    if (b_transposed)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.f, a.data(), K, b.data(), K, 0.f, c.data(), N);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N);
+  };
+  call();  // warm-up: OpenBLAS thread start, page faults
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    call();
+    rates.push_back(2.0 * M * N * K / seconds_since(t0) / 1e9);
+  }
+  return median(rates);
+}
+
+double copy_gbps(size_t bytes, int reps) {
+  AlignedBuffer src(bytes), dst(bytes);
+  std::vector<double> rates;
+  for (int r = 0; r < reps + 1; ++r) {
+    auto t0 = Clock::now();
+#pragma omp parallel
+    {
+      size_t begin, end;
+      share(bytes, omp_get_thread_num(), omp_get_num_threads(), begin, end);
+      std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
+    }
+    const double s = seconds_since(t0);
+    if (r > 0) rates.push_back(double(bytes) / s / 1e9);  // r = 0 is a warm-up
+  }
+  return median(rates);
+}
+
+double read_gbps(size_t bytes, int reps, int threads) {
+  AlignedBuffer buf(bytes);
+  const float* p = reinterpret_cast<const float*>(buf.data());
+  std::vector<double> rates;
+  volatile float sink = 0;  // keeps the sums alive
+  for (int r = 0; r < reps + 1; ++r) {
+    float total = 0;
+    auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      size_t begin, end;
+      share(bytes, omp_get_thread_num(), omp_get_num_threads(), begin, end);
+      total += sum_floats(p + begin / 4, (end - begin) / 4);
+    }
+    const double s = seconds_since(t0);
+    sink = sink + total;
+    if (r > 0) rates.push_back(double(bytes) / s / 1e9);
+  }
+  return median(rates);
+}
+
+}  // namespace meshtune::bench

@@ -1,0 +1,22 @@
+// What this machine can do at best, measured in the same run as the inference benchmark so the
+// ratios compare like with like: the OpenBLAS sgemm rate and the memory bandwidths. All
+// measurements use the current OpenMP thread count (omp_get_max_threads) and report medians.
+#pragma once
+#include <cstddef>
+
+namespace meshtune::bench {
+
+// GFLOP/s (2·M·N·K per call) of cblas_sgemm C[M,N] = A[M,K]·B, with B given as [N,K] and
+// transposed when `b_transposed` (the layout `linear` passes). Median of `reps` timed calls after
+// one untimed warm-up call.
+double sgemm_gflops(int M, int N, int K, bool b_transposed, int reps);
+
+// Copy bandwidth: each thread memcpy's its share of a `bytes` buffer into a second buffer.
+// GB/s = bytes copied / s (1 GB = 1e9 bytes); the memory traffic is about twice that (read + write).
+double copy_gbps(size_t bytes, int reps);
+
+// Read bandwidth: each of `threads` threads sums its share of a `bytes` float array with AVX-512
+// (eight independent accumulators, so the adds never limit). GB/s = bytes read / s.
+double read_gbps(size_t bytes, int reps, int threads);
+
+}  // namespace meshtune::bench

@@ -1,0 +1,143 @@
+// The forward pass and generate() against real Keras/KerasHub output (../shared/fixtures/keras).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/npy.h"
+#include "generate/generate.h"
+#include "model/load.h"
+#include "test_util.h"
+
+using namespace meshtune;
+using namespace meshtune::testing;
+using json = nlohmann::json;
+
+namespace {
+
+struct KerasCase {
+  std::string preset, outputs, summary;
+};
+
+class KerasFixture : public ::testing::TestWithParam<KerasCase> {};
+
+std::vector<float> npy_floats(const std::string& path) { return to_f32(read_npy(path)); }
+
+std::vector<int32_t> npy_ints(const std::string& path) {
+  HostTensor t = read_npy(path);
+  std::vector<int32_t> out(size_t(num_elements(t.shape)));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = t.dtype == DType::I32 ? t.as<int32_t>()[i] : int32_t(t.as<uint8_t>()[i]);
+  return out;
+}
+
+// Max |a − b| over the valid (unpadded) token positions; arrays are [B, T, width].
+double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
+                      size_t width) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t pos = 0; pos < mask.size(); ++pos) {
+    if (!mask[pos]) continue;
+    for (size_t i = 0; i < width; ++i) worst = std::max(worst, double(std::fabs(a[pos * width + i] - b[pos * width + i])));
+  }
+  return worst;
+}
+
+TEST_P(KerasFixture, EveryRecordedArrayWithin1e4) {
+  const KerasCase& c = GetParam();
+  const std::string out = fixture(c.outputs) + "/";
+  GemmaModel model = load_model(inspect_model_dir(fixture(c.preset)));
+  HostTensor ids_t = read_npy(out + "token_ids.npy");
+  const int64_t B = ids_t.shape[0], T = ids_t.shape[1], D = model.config.hidden_dim, V = model.config.vocab_size;
+  std::vector<int32_t> ids = npy_ints(out + "token_ids.npy"), mask = npy_ints(out + "padding_mask.npy");
+
+  KVCache cache(model.config, B, T);
+  for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = uint8_t(mask[i]);
+  ForwardTrace trace;
+  std::vector<float> hidden = backbone_forward(model, ids.data(), B, T, 0, cache, &trace);
+  std::vector<float> logits(size_t(B * T * V));
+  lm_head(model, hidden.data(), B * T, logits.data());
+
+  EXPECT_LT(max_diff_valid(trace.embedding_lookup, npy_floats(out + "embedding_lookup.npy"), mask, D), 1e-4);
+  EXPECT_LT(max_diff_valid(trace.embedding_scaled, npy_floats(out + "embedding_scaled.npy"), mask, D), 1e-4);
+  for (int i = 0; i < model.config.num_layers; ++i)
+    EXPECT_LT(max_diff_valid(trace.block_outputs[i], npy_floats(out + "block_" + std::to_string(i) + "_output.npy"),
+                             mask, D),
+              1e-4)
+        << "block " << i;
+  EXPECT_LT(max_diff_valid(hidden, npy_floats(out + "hidden_states.npy"), mask, D), 1e-4);
+  EXPECT_LT(max_diff_valid(logits, npy_floats(out + "logits.npy"), mask, V), 1e-4);
+  if (model.config.final_logit_soft_cap > 0) {
+    std::vector<float> raw(logits.size());
+    linear(hidden.data(), B * T, model.embeddings, raw.data());
+    EXPECT_LT(max_diff_valid(raw, npy_floats(out + "logits_before_soft_cap.npy"), mask, V), 1e-4);
+  }
+}
+
+TEST_P(KerasFixture, GreedyIdsEqualKeras) {
+  const KerasCase& c = GetParam();
+  const std::string out = fixture(c.outputs) + "/";
+  GemmaModel model = load_model(inspect_model_dir(fixture(c.preset)));
+  HostTensor prompt_t = read_npy(out + "generate_prompt_token_ids.npy");
+  const int64_t B = prompt_t.shape[0], L = prompt_t.shape[1];
+  std::vector<int32_t> prompt = npy_ints(out + "generate_prompt_token_ids.npy");
+  std::vector<int32_t> prompt_mask = npy_ints(out + "generate_prompt_padding_mask.npy");
+  std::vector<int32_t> expected = npy_ints(out + "generate_greedy_token_ids.npy");
+  std::vector<int32_t> expected_mask = npy_ints(out + "generate_greedy_padding_mask.npy");
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<std::vector<uint8_t>> masks;
+  for (int64_t b = 0; b < B; ++b) {
+    rows.emplace_back(prompt.begin() + b * L, prompt.begin() + (b + 1) * L);
+    masks.emplace_back(prompt_mask.begin() + b * L, prompt_mask.begin() + (b + 1) * L);
+  }
+  GenerateOptions options;
+  options.max_length = int(L);  // the fixture's generate(ids, stop_token_ids=None)
+  GeneratedIds got = generate_ids(model, rows, masks, options);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < L; ++i) {
+      EXPECT_EQ(got.token_ids[b][i], expected[b * L + i]) << "row " << b << " position " << i;
+      EXPECT_EQ(int(got.padding_mask[b][i]), expected_mask[b * L + i]) << "row " << b << " position " << i;
+    }
+}
+
+TEST_P(KerasFixture, StringGenerationEqualsKeras) {
+  const KerasCase& c = GetParam();
+  json summary = json::parse(read_text_file(fixture(c.summary)));
+  const json& g = summary["generate_strings"];
+  ModelDir dir = inspect_model_dir(fixture(c.preset));
+  GemmaModel model = load_model(dir);
+  Tokenizer tokenizer(dir.tokenizer_path);
+  GenerateOptions options;
+  options.max_length = g["max_length"].get<int>();
+  options.stop_token_ids = default_stop_token_ids(model, tokenizer);  // "auto": <eos>
+  auto prompts = g["prompts"].get<std::vector<std::string>>();
+  auto results = generate_text(model, tokenizer, prompts, options);
+  auto expected = g["outputs"].get<std::vector<std::string>>();
+  ASSERT_EQ(results.size(), expected.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].text, expected[i]);
+    // The preprocessed prompt ids are the start of our ids.
+    auto pre = g["generate_preprocess_token_ids"][i].get<std::vector<int>>();
+    auto pre_mask = g["generate_preprocess_padding_mask"][i].get<std::vector<int>>();
+    for (size_t j = 0; j < pre.size(); ++j)
+      if (pre_mask[j]) EXPECT_EQ(results[i].token_ids[j], pre[j]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Keras, KerasFixture,
+                         ::testing::Values(KerasCase{"keras/preset-gemma-tiny", "keras/outputs-gemma-tiny",
+                                                     "keras/summary-gemma-tiny.json"},
+                                           KerasCase{"keras/preset-gemma2-tiny", "keras/outputs-gemma2-tiny",
+                                                     "keras/summary-gemma2-tiny.json"}),
+                         [](const auto& info) { return info.index == 0 ? std::string("Gemma1") : std::string("Gemma2"); });
+
+TEST(KerasSummary, VariablePathsShapesAndCountMatch) {
+  for (std::string name : {"gemma-tiny", "gemma2-tiny"}) {
+    json summary = json::parse(read_text_file(fixture("keras/summary-" + name + ".json")));
+    GemmaModel model = load_model(inspect_model_dir(fixture("keras/preset-" + name)));
+    EXPECT_EQ(model.config.num_parameters(), summary["num_params"].get<long long>()) << name;
+  }
+}
+
+}  // namespace
