@@ -1,0 +1,229 @@
+// The command line end to end: info, generate --json, logits, init/export — and every kind of bad
+// input giving a clear message naming the file/tensor, a non-zero exit, and no crash.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/npy.h"
+#include "test_util.h"
+
+using namespace meshtune;
+using namespace meshtune::testing;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTiny = fixture("keras/preset-gemma-tiny");
+const std::string kTinyHf = fixture("hf/tiny-gemma/checkpoint");
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+// A writable copy of an HF fixture checkpoint.
+std::string copy_hf_checkpoint(const std::string& tag) {
+  std::string dir = make_temp_dir(tag);
+  for (const auto& entry : fs::directory_iterator(kTinyHf)) fs::copy_file(entry.path(), fs::path(dir) / entry.path().filename());
+  for (const auto& entry : fs::directory_iterator(dir)) fs::permissions(entry.path(), fs::perms::owner_write, fs::perm_options::add);
+  return dir;
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+// The bad-input contract: non-zero exit, no signal, a message containing every `needle`.
+void expect_clean_failure(const CommandResult& r, const std::vector<std::string>& needles) {
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.find("Segmentation"), std::string::npos);
+  for (const auto& needle : needles) EXPECT_NE(r.err.find(needle), std::string::npos) << "missing '" << needle << "' in: " << r.err;
+}
+
+TEST(Cli, InfoListsEveryVariableWithShapeAndDtype) {
+  CommandResult r = run_meshtune("info " + quote(kTiny));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json summary = json::parse(read_text_file(fixture("keras/summary-gemma-tiny.json")));
+  for (const auto& v : summary["variables"]) {
+    std::string shape = "(";
+    for (size_t i = 0; i < v["shape"].size(); ++i) shape += (i ? ", " : "") + std::to_string(v["shape"][i].get<int>());
+    shape += v["shape"].size() == 1 ? ",)" : ")";
+    EXPECT_NE(r.out.find(v["path"].get<std::string>() + " "), std::string::npos) << v["path"];
+    EXPECT_NE(r.out.find(shape), std::string::npos) << shape;
+  }
+  EXPECT_NE(r.out.find("Total params: 133,952 (523.25 KB)"), std::string::npos) << r.out;
+}
+
+TEST(Cli, GenerateJsonHasPromptCompletionAndAllIds) {
+  CommandResult r = run_meshtune("generate " + quote(kTiny) + " --prompt 'The licenses' --prompt Copyright --max-length 10 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json summary = json::parse(read_text_file(fixture("keras/summary-gemma-tiny.json")));
+  std::istringstream lines(r.out);
+  std::string line;
+  for (size_t i = 0; std::getline(lines, line); ++i) {
+    json j = json::parse(line);
+    const std::string prompt = summary["generate_strings"]["prompts"][i];
+    const std::string full = summary["generate_strings"]["outputs"][i];
+    EXPECT_EQ(j["prompt"], prompt);
+    EXPECT_EQ(prompt + j["text"].get<std::string>(), full);
+    EXPECT_EQ(j["token_ids"][0], 2);  // BOS first
+  }
+}
+
+TEST(Cli, LogitsWritesNpyOfTheRightShape) {
+  std::string dir = make_temp_dir("logits");
+  CommandResult r = run_meshtune("logits " + quote(kTiny) + " --token-ids " +
+                                 quote(fixture("keras/outputs-gemma-tiny/token_ids.npy")) + " --padding-mask " +
+                                 quote(fixture("keras/outputs-gemma-tiny/padding_mask.npy")) + " --out " + dir +
+                                 "/l.npy --hidden-states " + dir + "/h.npy");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_npy(dir + "/l.npy").shape, (Shape{3, 12, 1000}));
+  EXPECT_EQ(read_npy(dir + "/h.npy").shape, (Shape{3, 12, 64}));
+}
+
+TEST(Cli, InitWritesAPresetThatLoadsAndGenerates) {
+  std::string dir = make_temp_dir("init") + "/tiny";
+  CommandResult r = run_meshtune("init " + quote(dir));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (std::string f : {"config.json", "model.weights.h5", "assets/tokenizer/vocabulary.spm", "preprocessor.json",
+                        "tokenizer.json", "task.json", "metadata.json"})
+    EXPECT_TRUE(fs::exists(fs::path(dir) / f)) << f;
+  CommandResult g = run_meshtune("generate " + quote(dir) + " --prompt 'This movie' --max-length 12 --json");
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_EQ(json::parse(g.out)["token_ids"].size(), 12u);
+  // Deterministic: a second init gives the same weights.
+  std::string again = make_temp_dir("init2") + "/tiny";
+  ASSERT_EQ(run_meshtune("init " + quote(again)).exit_code, 0);
+  CommandResult g2 = run_meshtune("generate " + quote(again) + " --prompt 'This movie' --max-length 12 --json");
+  EXPECT_EQ(g.out, g2.out);
+}
+
+TEST(Cli, PresetNameResolvesThroughModelsDir) {
+  std::string root = fs::path(kTiny).parent_path().string();
+  CommandResult r = run_meshtune("info preset-gemma-tiny --models-dir " + quote(root));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  CommandResult missing = run_meshtune("info gemma_2b_en --models-dir " + quote(root));
+  expect_clean_failure(missing, {"gemma_2b_en", root});
+}
+
+TEST(BadInput, MissingDirectoryOrConfig) {
+  expect_clean_failure(run_meshtune("info /nonexistent/model/dir"), {"/nonexistent/model/dir"});
+  std::string empty = make_temp_dir("empty");
+  expect_clean_failure(run_meshtune("info " + quote(empty)), {empty, "config.json"});
+}
+
+TEST(BadInput, TruncatedH5) {
+  std::string dir = make_temp_dir("trunc-h5");
+  fs::copy(kTiny, dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  std::string weights = read_text_file(kTiny + "/model.weights.h5");
+  fs::permissions(dir + "/model.weights.h5", fs::perms::owner_write, fs::perm_options::add);
+  write_text(dir + "/model.weights.h5", weights.substr(0, weights.size() / 2));
+  expect_clean_failure(run_meshtune("info " + quote(dir)), {"model.weights.h5"});
+}
+
+TEST(BadInput, H5TensorShapeDisagreesWithConfig) {
+  std::string dir = make_temp_dir("shape-h5");
+  fs::copy(kTiny, dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  fs::permissions(dir + "/config.json", fs::perms::owner_write, fs::perm_options::add);
+  json config = json::parse(read_text_file(dir + "/config.json"));
+  config["config"]["intermediate_dim"] = 512;
+  write_text(dir + "/config.json", config.dump());
+  expect_clean_failure(run_meshtune("info " + quote(dir)), {"model.weights.h5", "gating_ffw/vars/0", "(64, 128)"});
+}
+
+// Rewrites the safetensors header of a copied checkpoint with `edit` applied to its JSON.
+void edit_safetensors_header(const std::string& path, const std::function<void(json&)>& edit) {
+  std::string bytes = read_text_file(path);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  json header = json::parse(bytes.substr(8, n));
+  edit(header);
+  std::string text = header.dump();
+  text.resize(n, ' ');  // same length keeps the data offsets meaningful
+  ASSERT_LE(header.dump().size(), n);
+  write_text(path, bytes.substr(0, 8) + text + bytes.substr(8 + n));
+}
+
+TEST(BadInput, SafetensorsHeaderLengthPastEnd) {
+  std::string dir = copy_hf_checkpoint("st-len");
+  std::string bytes = read_text_file(dir + "/model.safetensors");
+  uint64_t huge = uint64_t(1) << 40;
+  std::memcpy(bytes.data(), &huge, 8);
+  write_text(dir + "/model.safetensors", bytes);
+  expect_clean_failure(run_meshtune("info " + quote(dir)), {"model.safetensors", "header length"});
+}
+
+TEST(BadInput, SafetensorsOffsetsOutsideData) {
+  std::string dir = copy_hf_checkpoint("st-off");
+  edit_safetensors_header(dir + "/model.safetensors", [](json& h) {
+    h["model.norm.weight"]["data_offsets"] = {100000000, 100000256};
+  });
+  expect_clean_failure(run_meshtune("info " + quote(dir)), {"model.safetensors", "model.norm.weight"});
+}
+
+TEST(BadInput, SafetensorsOverlappingTensors) {
+  std::string dir = copy_hf_checkpoint("st-overlap");
+  edit_safetensors_header(dir + "/model.safetensors", [](json& h) {
+    h["model.norm.weight"]["data_offsets"] = h["model.embed_tokens.weight"]["data_offsets"][0].get<int64_t>() == 0
+                                                 ? json{0, 256}
+                                                 : json{h["model.embed_tokens.weight"]["data_offsets"][0], h["model.embed_tokens.weight"]["data_offsets"][0].get<int64_t>() + 256};
+  });
+  expect_clean_failure(run_meshtune("info " + quote(dir)), {"model.safetensors", "overlap"});
+}
+
+TEST(BadInput, SafetensorsDtypeDisagreesWithConfig) {
+  std::string dir = copy_hf_checkpoint("st-dtype");
+  edit_safetensors_header(dir + "/model.safetensors", [](json& h) {
+    auto& t = h["model.layers.0.self_attn.q_proj.weight"];
+    t["dtype"] = "I32";
+  });
+  expect_clean_failure(run_meshtune("info " + quote(dir)), {"model.safetensors", "model.layers.0.self_attn.q_proj.weight", "int32"});
+}
+
+TEST(BadInput, SafetensorsShapeDisagreesWithConfig) {
+  std::string dir = copy_hf_checkpoint("st-shape");
+  json config = json::parse(read_text_file(dir + "/config.json"));
+  config["num_attention_heads"] = 8;
+  write_text(dir + "/config.json", config.dump());
+  expect_clean_failure(run_meshtune("info " + quote(dir)), {"model.safetensors", "q_proj.weight", "(64, 64)", "(128, 64)"});
+}
+
+TEST(BadInput, UnknownModelType) {
+  std::string dir = copy_hf_checkpoint("st-type");
+  json config = json::parse(read_text_file(dir + "/config.json"));
+  config["model_type"] = "llama";
+  write_text(dir + "/config.json", config.dump());
+  expect_clean_failure(run_meshtune("info " + quote(dir)), {"config.json", "llama"});
+}
+
+TEST(BadInput, TokenizerLargerThanVocabulary) {
+  std::string dir = copy_hf_checkpoint("st-vocab");
+  // Shrink the model's vocabulary (and its embedding) below the tokenizer's 1000 pieces.
+  std::string bytes = read_text_file(dir + "/model.safetensors");
+  json config = json::parse(read_text_file(dir + "/config.json"));
+  config["vocab_size"] = 500;
+  write_text(dir + "/config.json", config.dump());
+  edit_safetensors_header(dir + "/model.safetensors", [](json& h) {
+    auto& t = h["model.embed_tokens.weight"];
+    t["shape"] = {500, 64};
+    t["data_offsets"][1] = t["data_offsets"][0].get<int64_t>() + 500 * 64 * 4;
+  });
+  expect_clean_failure(run_meshtune("generate " + quote(dir) + " --prompt hi --max-length 4"),
+                       {"tokenizer.model", "1000", "500"});
+}
+
+TEST(BadInput, TokenIdOutsideVocabularyInLogits) {
+  std::string dir = make_temp_dir("bad-ids");
+  HostTensor ids = HostTensor::allocate(DType::I32, {1, 3});
+  ids.mutable_as<int32_t>()[0] = 2;
+  ids.mutable_as<int32_t>()[1] = 1000;
+  write_npy(dir + "/ids.npy", ids);
+  expect_clean_failure(run_meshtune("logits " + quote(kTiny) + " --token-ids " + dir + "/ids.npy --out " + dir + "/l.npy"),
+                       {"ids.npy", "1000", "[0, 1]"});
+  EXPECT_FALSE(fs::exists(dir + "/l.npy"));
+}
+
+TEST(BadInput, UnknownFlagAndSampler) {
+  EXPECT_NE(run_meshtune("generate " + quote(kTiny) + " --prompt x --sampler beam").exit_code, 0);
+  EXPECT_NE(run_meshtune("frobnicate").exit_code, 0);
+}
+
+}  // namespace
