@@ -105,6 +105,31 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// CPU time used by every process (from /proc/stat, in clock ticks) and by this one (getrusage):
+// their difference over a measured stretch is what other processes took from us. The machine may
+// be shared; a busy neighbour halves both the bandwidth and the GEMM rate, so the JSON reports it.
+struct CpuTimes {
+  double all_busy_s = 0, self_s = 0;
+  Clock::time_point at = Clock::now();
+};
+CpuTimes cpu_times() {
+  CpuTimes t;
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  t.all_busy_s = (user + nice + system + irq + softirq + steal) / double(sysconf(_SC_CLK_TCK));
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  t.self_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  return t;
+}
+// Average number of CPUs kept busy by other processes between a and b.
+double foreign_cpus(const CpuTimes& a, const CpuTimes& b) {
+  const double wall = std::chrono::duration<double>(b.at - a.at).count();
+  return std::max(0.0, ((b.all_busy_s - a.all_busy_s) - (b.self_s - a.self_s)) / wall);
+}
+
 double peak_rss_gib() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -182,6 +207,7 @@ int main(int argc, char** argv) {
     omp_set_num_threads(o.threads);
     openblas_set_num_threads(o.threads);
 
+    const CpuTimes cpu_start = cpu_times();
     // --- load: the API calls (safetensors are memory-mapped, so this is mostly header parsing) ---
     auto t0 = Clock::now();
     const ModelDir dir = inspect_model_dir(path);
@@ -238,6 +264,8 @@ int main(int argc, char** argv) {
     const double read = bench::read_gbps(gib, 5, o.threads);
     const double read_1t = bench::read_gbps(gib, 5, 1);
 
+    const CpuTimes cpu_end = cpu_times();
+
     const double prefill_tok_s = double(T) / median(prefill_s);
     const double prefill_gflops = (matmul_flops + attention_flops) / median(prefill_s) / 1e9;
     const double decode_tok_s = 1.0 / median(decode_step_s);
@@ -273,6 +301,7 @@ int main(int argc, char** argv) {
     j["copy_gbps"] = copy;
     j["read_gbps"] = read;
     j["read_gbps_1thread"] = read_1t;
+    j["foreign_cpus"] = foreign_cpus(cpu_start, cpu_end);  // > ~0.1: other processes competed; rerun
     std::cout << j.dump() << std::endl;
     return 0;
   } catch (const std::exception& e) {

@@ -16,7 +16,8 @@ struct CommandResult {
   std::string err;  // stderr
 };
 // Runs the meshtune binary with the given argument string (shell-quoted by the caller).
-CommandResult run_meshtune(const std::string& args);
+// `env` is prepended to the command line, e.g. "VAR=1".
+CommandResult run_meshtune(const std::string& args, const std::string& env = "");
 
 std::string read_text_file(const std::string& path);
 

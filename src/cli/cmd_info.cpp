@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/loading.h"
+#include "model/lora.h"
 #include "model/variables.h"
+#include <sstream>
 
 namespace meshtune::cli {
 
@@ -48,10 +50,17 @@ static const char* stored_dtype(const GemmaModel& m, const VariableSpec& spec) {
 
 Runner add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Show a model's config, parameter summary and variables");
-  auto o = std::make_shared<ModelOptions>();
-  o->add_to(*cmd);
+  struct Options {
+    ModelOptions model;
+    int lora_rank = 0;
+    std::string lora_targets = "query,value";
+  };
+  auto o = std::make_shared<Options>();
+  o->model.add_to(*cmd, /*with_lora=*/false);
+  cmd->add_option("--lora-rank", o->lora_rank, "Show the summary after enable_lora(rank) (trainable vs non-trainable)");
+  cmd->add_option("--lora-targets", o->lora_targets, "LoRA targets for --lora-rank (default query,value)");
   return [o] {
-    LoadedModel loaded = load_model_and_tokenizer(*o, false);
+    LoadedModel loaded = load_model_and_tokenizer(o->model, false);
     const GemmaConfig& c = loaded.model.config;
     std::cout << "Model: " << loaded.dir.path << " ("
               << (loaded.dir.format == ModelFormat::Keras ? "Keras preset" : "Hugging Face checkpoint") << ")\n";
@@ -67,10 +76,26 @@ Runner add_info_command(CLI::App& app) {
       total += n;
       bytes += double(n) * double(dtype_size(std::string(stored_dtype(loaded.model, v)) == "bfloat16" ? DType::BF16 : DType::F32));
     }
+    std::vector<std::pair<std::string, Shape>> lora_vars;
+    long long trainable = total;
+    double trainable_bytes = bytes;
+    if (o->lora_rank > 0) {
+      std::vector<std::string> targets;
+      std::stringstream ss(o->lora_targets);
+      for (std::string t; std::getline(ss, t, ',');) targets.push_back(t);
+      LoraWeights lora = enable_lora(c, o->lora_rank, parse_lora_targets(targets), 0);
+      trainable = lora.num_parameters();
+      trainable_bytes = double(trainable) * 4;
+      for (const LoraAdapter& a : lora.adapters) {
+        lora_vars.push_back({a.keras_path(c) + "/lora_kernel_a", a.a_shape});
+        lora_vars.push_back({a.keras_path(c) + "/lora_kernel_b", a.b_shape});
+      }
+    }
+    const long long frozen = o->lora_rank > 0 ? total : 0;
     std::cout << "Model: \"" << (c.family == 3 ? "gemma3_causal_lm" : "gemma_causal_lm") << "\"\n";
-    std::cout << " Total params: " << with_commas(total) << " (" << keras_size(bytes) << ")\n";
-    std::cout << " Trainable params: " << with_commas(total) << " (" << keras_size(bytes) << ")\n";
-    std::cout << " Non-trainable params: 0 (" << keras_size(0) << ")\n\n";
+    std::cout << " Total params: " << with_commas(frozen + trainable) << " (" << keras_size((frozen ? bytes : 0) + trainable_bytes) << ")\n";
+    std::cout << " Trainable params: " << with_commas(trainable) << " (" << keras_size(trainable_bytes) << ")\n";
+    std::cout << " Non-trainable params: " << with_commas(frozen) << " (" << keras_size(frozen ? bytes : 0) << ")\n\n";
 
     size_t width = 0;
     for (const auto& v : vars) width = std::max(width, v.keras_path.size());
@@ -79,6 +104,8 @@ Runner add_info_command(CLI::App& app) {
     for (const auto& v : vars)
       std::printf("%-*s  %-22s  %s\n", int(width), v.keras_path.c_str(), shape_str(v.keras_shape).c_str(),
                   stored_dtype(loaded.model, v));
+    for (const auto& [path, shape] : lora_vars)
+      std::printf("%-*s  %-22s  %s\n", int(width), path.c_str(), shape_str(shape).c_str(), "float32");
     std::fflush(stdout);
     return 0;
   };

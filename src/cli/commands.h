@@ -12,7 +12,8 @@ struct ModelOptions {
   std::string model;       // directory or preset name
   std::string models_dir;  // extra search root for preset names
   bool fp32_weights = false;  // widen bf16-stored weights to fp32 at load
-  void add_to(CLI::App& app);
+  std::string lora;        // adapter to merge (.lora.h5 or PEFT directory), "" = none
+  void add_to(CLI::App& app, bool with_lora = true);
 };
 
 using Runner = std::function<int()>;
@@ -21,5 +22,6 @@ Runner add_generate_command(CLI::App& app);
 Runner add_logits_command(CLI::App& app);
 Runner add_init_command(CLI::App& app);
 Runner add_export_command(CLI::App& app);
+Runner add_finetune_command(CLI::App& app);
 
 }  // namespace meshtune::cli

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "model/lora_files.h"
 
 namespace meshtune::cli {
 
@@ -17,6 +18,12 @@ LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_toke
             << (loaded.dir.format == ModelFormat::Keras ? "Keras preset" : "Hugging Face checkpoint") << ", Gemma "
             << loaded.model.config.family << ", " << loaded.model.config.num_parameters() << " parameters) in "
             << seconds << " s\n";
+  if (!options.lora.empty()) {
+    LoraWeights lora = load_lora_adapter(options.lora, loaded.model.config);
+    loaded.model = merge_lora(loaded.model, lora);
+    std::cerr << "merged LoRA adapter " << options.lora << " (rank " << lora.rank << ", " << lora.num_parameters()
+              << " parameters)\n";
+  }
   if (need_tokenizer) {
     check(!loaded.dir.tokenizer_path.empty(), loaded.dir.path, ": no tokenizer (",
           loaded.dir.format == ModelFormat::Keras ? "assets/tokenizer/vocabulary.spm" : "tokenizer.model", ")");

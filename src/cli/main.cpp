@@ -15,16 +15,17 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
 
   std::map<CLI::App*, meshtune::cli::Runner> runners;
+  auto all = [](const CLI::App*) { return true; };
   auto add = [&](meshtune::cli::Runner (*adder)(CLI::App&)) {
-    size_t before = app.get_subcommands({}).size();
     meshtune::cli::Runner run = adder(app);
-    runners[app.get_subcommands({})[before]] = run;
+    runners[app.get_subcommands(all).back()] = run;  // the subcommand the adder just created
   };
   add(meshtune::cli::add_info_command);
   add(meshtune::cli::add_generate_command);
   add(meshtune::cli::add_logits_command);
   add(meshtune::cli::add_init_command);
   add(meshtune::cli::add_export_command);
+  add(meshtune::cli::add_finetune_command);
 
   try {
     app.parse(argc, argv);

@@ -18,3 +18,14 @@ void geglu(float* gate, const float* up, int64_t n);
 void soft_cap(float* x, int64_t n, float cap);
 
 }  // namespace meshtune
+
+namespace meshtune {
+
+// Backward of geglu: out = gelu_tanh(gate)·up. Given the pre-activation gate and up and dout,
+// writes dgate and dup (n elements each).
+void geglu_backward(const float* gate, const float* up, const float* dout, int64_t n, float* dgate, float* dup);
+
+// Backward of soft_cap given its output y = tanh(x/cap)·cap: dx = dy·(1 − (y/cap)²), in place on dy.
+void soft_cap_backward(const float* y, float* dy, int64_t n, float cap);
+
+}  // namespace meshtune

@@ -53,4 +53,127 @@ void attention(const float* q, const float* k, const float* v, const uint8_t* ke
   }
 }
 
+namespace {
+
+// One attention logit: q·k, soft-capped when the shape asks for it (as in the forward).
+float attention_score(const float* qv, const float* kj, int64_t H, float cap) {
+  float dot = 0;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t h = 0; h < H; ++h) dot += qv[h] * kj[h];
+  return cap > 0 ? std::tanh(dot / cap) * cap : dot;
+}
+
+// ∂(capped logit)/∂(raw logit) = 1 − tanh², with tanh = capped/cap.
+float soft_cap_slope(float score, float cap) {
+  if (cap <= 0) return 1.f;
+  const float t = score / cap;
+  return 1.f - t * t;
+}
+
+float dot(const float* a, const float* b, int64_t H) {
+  float acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t h = 0; h < H; ++h) acc += a[h] * b[h];
+  return acc;
+}
+
+}  // namespace
+
+// Two passes, FlashAttention-2 style, so that no two threads ever write the same gradient row:
+//  1. per query row (b, t, n): recompute the probabilities P, keep the row's softmax statistics
+//     (max, 1/sum) and delta = Σ_j P_j·dP_j with dP_j = dO·v_j, and write
+//     dq = Σ_j dS_j·k_j with dS_j = P_j·(dP_j − delta)·cap'(s_j).
+//  2. per key row (b, j, kv): rebuild P_j and dS_j for every query that sees key j (from the
+//     saved statistics) and write dk_j = Σ dS·q and dv_j = Σ P·dO over those queries and the
+//     query heads sharing kv head kv.
+// This parallelises over B·T·N and B·T·K rows, which stays busy even for batch 1 with one KV head.
+void attention_backward(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                        const AttentionShape& s, const float* dout, float* dq, float* dk, float* dv) {
+  const int64_t B = s.batch, T = s.query_len, S = s.capacity, N = s.heads, K = s.kv_heads, H = s.head_dim;
+  const int64_t group = N / K;
+  const size_t rows = static_cast<size_t>(B * T * N);
+  // Per query row; row_inv_sum = 0 marks a row with no allowed key (all its probabilities are 0).
+  std::vector<float> row_max(rows, 0.f), row_inv_sum(rows, 0.f), row_delta(rows, 0.f);
+
+  // Pass 1: softmax statistics and dq.
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(S)), probs(static_cast<size_t>(S)), dprobs(static_cast<size_t>(S));
+#pragma omp for collapse(3) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t pos = s.start + t, kv = n / group, row = (b * T + t) * N + n;
+          const float* qv = q + row * H;
+          const float* dov = dout + row * H;
+          float* dqv = dq + row * H;
+          std::fill(dqv, dqv + H, 0.f);
+          const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
+          const int64_t last = std::min(pos, S - 1);
+          float max_score = -INFINITY;
+          for (int64_t j = first; j <= last; ++j) {
+            if (!key_valid[b * S + j]) continue;
+            scores[j] = attention_score(qv, k + ((b * S + j) * K + kv) * H, H, s.soft_cap);
+            max_score = std::max(max_score, scores[j]);
+          }
+          if (max_score == -INFINITY) continue;  // no allowed key: zero output, zero gradient
+          float sum = 0;
+          for (int64_t j = first; j <= last; ++j) {
+            probs[j] = key_valid[b * S + j] ? std::exp(scores[j] - max_score) : 0.f;
+            sum += probs[j];
+          }
+          const float inv = 1.f / sum;
+          float delta = 0;
+          for (int64_t j = first; j <= last; ++j) {
+            probs[j] *= inv;
+            dprobs[j] = probs[j] == 0.f ? 0.f : dot(dov, v + ((b * S + j) * K + kv) * H, H);
+            delta += probs[j] * dprobs[j];
+          }
+          for (int64_t j = first; j <= last; ++j) {
+            if (probs[j] == 0.f) continue;
+            const float ds = probs[j] * (dprobs[j] - delta) * soft_cap_slope(scores[j], s.soft_cap);
+            const float* kj = k + ((b * S + j) * K + kv) * H;
+#pragma omp simd
+            for (int64_t h = 0; h < H; ++h) dqv[h] += ds * kj[h];
+          }
+          row_max[row] = max_score;
+          row_inv_sum[row] = inv;
+          row_delta[row] = delta;
+        }
+  }
+
+  // Pass 2: dk and dv, one key row per iteration.
+#pragma omp parallel for collapse(3) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < S; ++j)
+      for (int64_t kv = 0; kv < K; ++kv) {
+        const float* kj = k + ((b * S + j) * K + kv) * H;
+        const float* vj = v + ((b * S + j) * K + kv) * H;
+        float* dkj = dk + ((b * S + j) * K + kv) * H;
+        float* dvj = dv + ((b * S + j) * K + kv) * H;
+        std::fill(dkj, dkj + H, 0.f);
+        std::fill(dvj, dvj + H, 0.f);
+        if (!key_valid[b * S + j]) continue;  // padding keys get probability 0 everywhere
+        // Queries at positions j .. j+W−1 (or all from j without a window) see key j.
+        const int64_t t_first = std::max<int64_t>(0, j - s.start);
+        const int64_t t_last = s.window > 0 ? std::min(T - 1, j + s.window - 1 - s.start) : T - 1;
+        for (int64_t t = t_first; t <= t_last; ++t)
+          for (int64_t n = kv * group; n < (kv + 1) * group; ++n) {
+            const int64_t row = (b * T + t) * N + n;
+            if (row_inv_sum[row] == 0.f) continue;
+            const float* qv = q + row * H;
+            const float* dov = dout + row * H;
+            const float score = attention_score(qv, kj, H, s.soft_cap);
+            const float p = std::exp(score - row_max[row]) * row_inv_sum[row];
+            if (p == 0.f) continue;
+            const float ds = p * (dot(dov, vj, H) - row_delta[row]) * soft_cap_slope(score, s.soft_cap);
+#pragma omp simd
+            for (int64_t h = 0; h < H; ++h) {
+              dkj[h] += ds * qv[h];
+              dvj[h] += p * dov[h];
+            }
+          }
+      }
+}
+
 }  // namespace meshtune

@@ -25,3 +25,13 @@ void attention(const float* q, const float* k, const float* v, const uint8_t* ke
                float* out);
 
 }  // namespace meshtune
+
+namespace meshtune {
+
+// Backward of attention for training (start = 0, capacity = query_len = T: k and v are the
+// sequence's own keys/values [B, T, K, H]). Recomputes the probabilities from q and k, then writes
+// dq [B, T, N, H] and dk, dv [B, T, K, H] (overwritten, not accumulated).
+void attention_backward(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                        const AttentionShape& s, const float* dout, float* dq, float* dk, float* dv);
+
+}  // namespace meshtune

@@ -8,3 +8,12 @@ namespace meshtune {
 void rmsnorm(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y);
 
 }  // namespace meshtune
+
+namespace meshtune {
+
+// Backward of rmsnorm: given x, scale and dy = ∂L/∂y, writes dx (may alias dy) and adds ∂L/∂scale
+// into dscale (if not null).
+void rmsnorm_backward(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, const float* dy,
+                      float* dx, float* dscale);
+
+}  // namespace meshtune

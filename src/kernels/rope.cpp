@@ -5,8 +5,12 @@
 
 namespace meshtune {
 
-void rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions, float base,
-          float scaling) {
+namespace {
+
+// Rotates each half-pair by +θ (forward) or −θ (inverse). Both directions share this one angle
+// computation, so the backward is exactly the transpose of the forward's rotation.
+void rotate(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions, float base,
+            float scaling, bool inverse) {
   const int64_t half = head_dim / 2;
   // Keras computes the inverse frequencies and angles in fp32.
   std::vector<float> inv_freq(half);
@@ -18,7 +22,7 @@ void rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64
     for (int64_t i = 0; i < half; ++i) {
       float angle = float(positions[t]) * inv_freq[i];
       cos_t[i] = std::cos(angle);
-      sin_t[i] = std::sin(angle);
+      sin_t[i] = inverse ? -std::sin(angle) : std::sin(angle);  // sin(−θ) = −sin θ, exactly
     }
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + (t * heads + h) * head_dim;
@@ -29,6 +33,18 @@ void rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64
       }
     }
   }
+}
+
+}  // namespace
+
+void rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions, float base,
+          float scaling) {
+  rotate(x, tokens, heads, head_dim, positions, base, scaling, /*inverse=*/false);
+}
+
+void rope_backward(float* dx, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions, float base,
+                   float scaling) {
+  rotate(dx, tokens, heads, head_dim, positions, base, scaling, /*inverse=*/true);
 }
 
 }  // namespace meshtune

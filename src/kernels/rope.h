@@ -12,3 +12,11 @@ void rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64
           float scaling);
 
 }  // namespace meshtune
+
+namespace meshtune {
+
+// Backward of rope: RoPE is a rotation, so the gradient is the inverse rotation of dy (in place).
+void rope_backward(float* dx, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions, float base,
+                   float scaling);
+
+}  // namespace meshtune

@@ -30,29 +30,57 @@ KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s) : batch(b), capacit
   key_valid.assign(size_t(b) * size_t(s), 1);
 }
 
-// One decoder block, in place on the residual stream x [M = B·T, D].
+// Positions of the M = B·T tokens: row-major [B, T] at start … start+T−1.
+static std::vector<int64_t> token_positions(int64_t B, int64_t T, int64_t start) {
+  std::vector<int64_t> positions(static_cast<size_t>(B * T));
+  for (int64_t m = 0; m < B * T; ++m) positions[m] = start + m % T;
+  return positions;
+}
+
+AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64_t T, int64_t start, int64_t S) {
+  AttentionShape shape;
+  shape.batch = B;
+  shape.query_len = T;
+  shape.start = start;
+  shape.capacity = S;
+  shape.heads = c.num_query_heads;
+  shape.kv_heads = c.num_key_value_heads;
+  shape.head_dim = c.head_dim;
+  shape.window = c.is_sliding(layer) ? c.sliding_window_size : 0;
+  shape.soft_cap = c.attention_logit_soft_cap;
+  return shape;
+}
+
+// One decoder block, in place on the residual stream x [M = B·T, D]; `a` receives the block's
+// intermediate values (the caller keeps them for backward, or drops them).
 static void decoder_block(const GemmaConfig& c, const DecoderLayerWeights& w, int layer, float* x, int64_t B,
-                          int64_t T, int64_t start, KVCache& cache) {
+                          int64_t T, int64_t start, KVCache& cache, BlockActivations& a) {
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
                 F = c.ffw_dim, S = cache.capacity;
   const float eps = c.layer_norm_epsilon;
-  std::vector<float> normed(size_t(M * D)), q(size_t(M * N * H)), k(size_t(M * K * H)), v(size_t(M * K * H));
+  auto buffer = [](std::vector<float>& v, int64_t n) { v.assign(static_cast<size_t>(n), 0.f); };
+  a.input.assign(x, x + M * D);
 
   // --- attention ---
-  rmsnorm(x, w.pre_attention_norm.data(), M, D, eps, normed.data());
-  linear(normed.data(), M, w.query, q.data());
-  linear(normed.data(), M, w.key, k.data());
-  linear(normed.data(), M, w.value, v.data());
+  buffer(a.attn_normed, M * D);
+  buffer(a.q, M * N * H);
+  buffer(a.k, M * K * H);
+  buffer(a.v, M * K * H);
+  rmsnorm(x, w.pre_attention_norm.data(), M, D, eps, a.attn_normed.data());
+  linear(a.attn_normed.data(), M, w.query, a.q.data());
+  linear(a.attn_normed.data(), M, w.key, a.k.data());
+  linear(a.attn_normed.data(), M, w.value, a.v.data());
   if (c.use_query_key_norm) {  // Gemma 3: per-head RMSNorm before RoPE
-    rmsnorm(q.data(), w.query_norm.data(), M * N, H, eps, q.data());
-    rmsnorm(k.data(), w.key_norm.data(), M * K, H, eps, k.data());
+    a.q_raw = a.q;
+    a.k_raw = a.k;
+    rmsnorm(a.q_raw.data(), w.query_norm.data(), M * N, H, eps, a.q.data());
+    rmsnorm(a.k_raw.data(), w.key_norm.data(), M * K, H, eps, a.k.data());
   }
-  std::vector<int64_t> positions(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) positions[m] = start + m % T;
-  rope(q.data(), M, N, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
-  rope(k.data(), M, K, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
+  const std::vector<int64_t> positions = token_positions(B, T, start);
+  rope(a.q.data(), M, N, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
+  rope(a.k.data(), M, K, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
   const float scale = c.query_scale();
-  for (float& value : q) value *= scale;
+  for (float& value : a.q) value *= scale;
 
   // Write this step's keys/values into the cache at [b, start + t].
   float* cache_k = cache.keys[layer].data();
@@ -60,39 +88,39 @@ static void decoder_block(const GemmaConfig& c, const DecoderLayerWeights& w, in
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       const size_t src = size_t((b * T + t) * K * H), dst = size_t((b * S + start + t) * K * H);
-      std::copy(k.begin() + src, k.begin() + src + K * H, cache_k + dst);
-      std::copy(v.begin() + src, v.begin() + src + K * H, cache_v + dst);
+      std::copy(a.k.begin() + src, a.k.begin() + src + K * H, cache_k + dst);
+      std::copy(a.v.begin() + src, a.v.begin() + src + K * H, cache_v + dst);
     }
 
-  AttentionShape shape;
-  shape.batch = B;
-  shape.query_len = T;
-  shape.start = start;
-  shape.capacity = S;
-  shape.heads = N;
-  shape.kv_heads = K;
-  shape.head_dim = H;
-  shape.window = c.is_sliding(layer) ? c.sliding_window_size : 0;
-  shape.soft_cap = c.attention_logit_soft_cap;
-  std::vector<float> attended(size_t(M * N * H)), projected(size_t(M * D));
-  attention(q.data(), cache_k, cache_v, cache.key_valid.data(), shape, attended.data());
-  linear(attended.data(), M, w.attention_output, projected.data());
-  if (c.use_post_attention_norm) rmsnorm(projected.data(), w.post_attention_norm.data(), M, D, eps, projected.data());
-  for (int64_t i = 0; i < M * D; ++i) x[i] += projected[i];
+  buffer(a.attended, M * N * H);
+  buffer(a.attn_projected, M * D);
+  attention(a.q.data(), cache_k, cache_v, cache.key_valid.data(), attention_shape(c, layer, B, T, start, S),
+            a.attended.data());
+  linear(a.attended.data(), M, w.attention_output, a.attn_projected.data());
+  std::vector<float> residual = a.attn_projected;
+  if (c.use_post_attention_norm) rmsnorm(residual.data(), w.post_attention_norm.data(), M, D, eps, residual.data());
+  for (int64_t i = 0; i < M * D; ++i) x[i] += residual[i];
+  a.mid.assign(x, x + M * D);
 
   // --- feed-forward (GeGLU) ---
-  rmsnorm(x, w.pre_ffw_norm.data(), M, D, eps, normed.data());
-  std::vector<float> gate(size_t(M * F)), up(size_t(M * F));
-  linear(normed.data(), M, w.ffw_gating, gate.data());
-  linear(normed.data(), M, w.ffw_gating_2, up.data());
-  geglu(gate.data(), up.data(), M * F);
-  linear(gate.data(), M, w.ffw_linear, projected.data());
-  if (c.use_post_ffw_norm) rmsnorm(projected.data(), w.post_ffw_norm.data(), M, D, eps, projected.data());
-  for (int64_t i = 0; i < M * D; ++i) x[i] += projected[i];
+  buffer(a.ffw_normed, M * D);
+  buffer(a.gate, M * F);
+  buffer(a.up, M * F);
+  buffer(a.ffw_projected, M * D);
+  rmsnorm(x, w.pre_ffw_norm.data(), M, D, eps, a.ffw_normed.data());
+  linear(a.ffw_normed.data(), M, w.ffw_gating, a.gate.data());
+  linear(a.ffw_normed.data(), M, w.ffw_gating_2, a.up.data());
+  a.activated = a.gate;
+  geglu(a.activated.data(), a.up.data(), M * F);
+  linear(a.activated.data(), M, w.ffw_linear, a.ffw_projected.data());
+  residual = a.ffw_projected;
+  if (c.use_post_ffw_norm) rmsnorm(residual.data(), w.post_ffw_norm.data(), M, D, eps, residual.data());
+  for (int64_t i = 0; i < M * D; ++i) x[i] += residual[i];
 }
 
 std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
-                                    int64_t start, KVCache& cache, ForwardTrace* trace) {
+                                    int64_t start, KVCache& cache, ForwardTrace* trace,
+                                    std::vector<BlockActivations>* saved) {
   const GemmaConfig& c = model.config;
   const int64_t D = c.hidden_dim, M = B * T;
   check(B <= cache.batch && start + T <= cache.capacity, "KV cache too small: ", B, " rows × ", start + T,
@@ -109,8 +137,11 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
   for (float& value : x) value *= embedding_scale;
   if (trace) trace->embedding_scaled = x;
 
+  if (saved) saved->assign(static_cast<size_t>(c.num_layers), BlockActivations{});
+  BlockActivations scratch;
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    decoder_block(c, model.layers[size_t(layer)], layer, x.data(), B, T, start, cache);
+    BlockActivations& a = saved ? (*saved)[size_t(layer)] : scratch;
+    decoder_block(c, model.layers[size_t(layer)], layer, x.data(), B, T, start, cache, a);
     if (trace) trace->block_outputs.push_back(x);
   }
   rmsnorm(x.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, x.data());

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/linear.h"
 #include "model/config.h"
 
@@ -42,17 +43,37 @@ struct KVCache {
   KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity);
 };
 
+// The attention geometry of `layer` for queries at start … start+T−1 over S cached keys.
+AttentionShape attention_shape(const GemmaConfig& config, int layer, int64_t B, int64_t T, int64_t start, int64_t S);
+
 // Intermediate values the Keras fixtures record, filled when a trace is passed.
 struct ForwardTrace {
   std::vector<float> embedding_lookup, embedding_scaled;  // [B·T, D]
   std::vector<std::vector<float>> block_outputs;          // per block: [B·T, D]
 };
 
+// The intermediate values of one decoder block that backward needs (kept when training).
+struct BlockActivations {
+  std::vector<float> input;          // x entering the block [M, D]
+  std::vector<float> attn_normed;    // pre_attention_norm(x) [M, D]
+  std::vector<float> q_raw, k_raw;   // projections before the Gemma 3 q/k norm [M, N·H], [M, K·H]
+  std::vector<float> q, k, v;        // after norm + RoPE (+ query scale for q) [M, N·H], [M, K·H]
+  std::vector<float> attended;       // attention output per head [M, N·H]
+  std::vector<float> attn_projected; // attention_output(attended), before post-norm [M, D]
+  std::vector<float> mid;            // x after the attention residual [M, D]
+  std::vector<float> ffw_normed;     // pre_ffw_norm(mid) [M, D]
+  std::vector<float> gate, up;       // gate/up projections before GeGLU [M, F]
+  std::vector<float> activated;      // gelu(gate)·up [M, F]
+  std::vector<float> ffw_projected;  // ffw_linear(activated), before post-norm [M, D]
+};
+
 // Runs the backbone on tokens [B, T] placed at positions start .. start+T−1 of every row, writing
 // their keys/values into `cache` (whose key_valid the caller sets). Returns the hidden states after
 // the final norm, [B·T, D]. Throws Error for a token id outside the vocabulary.
+// With `saved`, every block's activations are kept for backward (one entry per layer).
 std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
-                                    int64_t start, KVCache& cache, ForwardTrace* trace = nullptr);
+                                    int64_t start, KVCache& cache, ForwardTrace* trace = nullptr,
+                                    std::vector<BlockActivations>* saved = nullptr);
 
 // logits[M, V] = soft_cap(hidden[M, D] · Embᵀ).
 void lm_head(const GemmaModel& model, const float* hidden, int64_t M, float* logits);

@@ -1,0 +1,209 @@
+// meshtune finetune MODEL --data SPEC [--lora-rank R | --full] ... --out DIR
+// The tutorial's enable_lora → compile(AdamW) → fit(data) → generate, in one command. Writes to
+// --out: checkpoint.safetensors (resumable), and at the end the LoRA adapter as Keras
+// `adapter.lora.h5` and as a PEFT directory `adapter/`, or for --full a Keras preset `model/`.
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/loading.h"
+#include "core/error.h"
+#include "data/batches.h"
+#include "generate/generate.h"
+#include "model/lora_files.h"
+#include "model/save.h"
+#include "train/trainer.h"
+
+namespace meshtune::cli {
+
+static std::atomic<bool> g_stop{false};
+static void request_stop(int) { g_stop.store(true); }
+
+static std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Runner add_finetune_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("finetune", "Fine-tune with LoRA (default rank 4) or all parameters (--full)");
+  struct Options {
+    ModelOptions model;
+    std::string data, text_field = "text", validation_data, out = "runs/finetune";
+    size_t take = 0, validation_take = 0;
+    uint64_t shuffle_seed = 0;
+    bool no_shuffle = false, full = false, resume = false, no_progress = false;
+    int seq_len = 128, batch_size = 2, epochs = 1, grad_accum = 1, lora_rank = 0;
+    int64_t steps = 0, checkpoint_every = 0, warmup_steps = 0;
+    double lora_alpha = 0, lr = 5e-5, weight_decay = 0.01, beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7;
+    double clipnorm = 0, clipvalue = 0, global_clipnorm = 0, final_lr_fraction = 0;
+    std::string lora_targets = "query,value", lora_init, no_decay, schedule = "constant", log_jsonl;
+    uint64_t lora_seed = 0;
+    std::vector<std::string> sample_prompts;
+    int sample_max_length = 64;
+  };
+  auto o = std::make_shared<Options>();
+  o->model.add_to(*cmd, /*with_lora=*/false);
+  cmd->add_option("--data", o->data, "Training data: tfrecord:|aclimdb:|jsonl:|text:|npy:PATH (kind detected if omitted)")
+      ->required();
+  cmd->add_option("--text-field", o->text_field, "JSONL field holding the text (default text)");
+  cmd->add_option("--take", o->take, "Use only the first N examples (the tutorial's .take(2000))");
+  cmd->add_option("--shuffle-seed", o->shuffle_seed, "Seed of the per-epoch shuffle (default 0)");
+  cmd->add_flag("--no-shuffle", o->no_shuffle, "Keep the data in file order");
+  cmd->add_option("--seq-len", o->seq_len, "Preprocessor sequence_length (default 128)");
+  cmd->add_option("--batch-size", o->batch_size, "Batch size (default 2)");
+  cmd->add_option("--epochs", o->epochs, "Epochs (default 1)");
+  cmd->add_option("--steps", o->steps, "Stop after this many optimizer steps in total");
+  cmd->add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step (default 1)");
+  cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank (default 4 unless --full)");
+  cmd->add_option("--lora-alpha", o->lora_alpha, "LoRA alpha (default = rank, scale 1, as Keras)");
+  cmd->add_option("--lora-targets", o->lora_targets,
+                  "Comma list of query,key,value,attention_output,ffw_gating,ffw_gating_2,ffw_linear or all (default query,value)");
+  cmd->add_option("--lora-init", o->lora_init, "Continue from an adapter (.lora.h5 or a PEFT directory)");
+  cmd->add_option("--lora-seed", o->lora_seed, "Seed of the LoRA A initialisation (default 0)");
+  cmd->add_flag("--full", o->full, "Train all parameters instead of LoRA");
+  cmd->add_option("--lr", o->lr, "Learning rate (default 5e-5)");
+  cmd->add_option("--weight-decay", o->weight_decay, "AdamW weight decay (default 0.01)");
+  cmd->add_option("--no-decay", o->no_decay, "Comma list of variable names excluded from decay (regex search, Keras), e.g. bias,scale");
+  cmd->add_option("--beta1", o->beta_1, "AdamW beta_1 (default 0.9)");
+  cmd->add_option("--beta2", o->beta_2, "AdamW beta_2 (default 0.999)");
+  cmd->add_option("--epsilon", o->epsilon, "AdamW epsilon (default 1e-7)");
+  cmd->add_option("--clipnorm", o->clipnorm, "Clip each gradient to this norm");
+  cmd->add_option("--clipvalue", o->clipvalue, "Clip gradient values to ±this");
+  cmd->add_option("--global-clipnorm", o->global_clipnorm, "Clip all gradients to this global norm");
+  cmd->add_option("--schedule", o->schedule, "constant (default), linear or cosine decay")
+      ->check(CLI::IsMember({"constant", "linear", "cosine"}));
+  cmd->add_option("--warmup-steps", o->warmup_steps, "Linear warm-up steps (default 0)");
+  cmd->add_option("--final-lr-fraction", o->final_lr_fraction, "Decay to this fraction of --lr (default 0)");
+  cmd->add_option("--out", o->out, "Output directory (default runs/finetune)");
+  cmd->add_option("--checkpoint-every", o->checkpoint_every, "Also save a checkpoint every N steps");
+  cmd->add_flag("--resume", o->resume, "Continue from --out/checkpoint.safetensors");
+  cmd->add_option("--log-jsonl", o->log_jsonl, "Write one JSON line per step (step, loss, accuracy, lr, tokens/s)");
+  cmd->add_option("--validation-data", o->validation_data, "Evaluate on this data after training");
+  cmd->add_option("--validation-take", o->validation_take, "Use only the first N validation examples");
+  cmd->add_flag("--no-progress", o->no_progress, "No progress bar");
+  cmd->add_option("--sample-prompt", o->sample_prompts, "Generate from this prompt before and after training");
+  cmd->add_option("--sample-max-length", o->sample_max_length, "max_length for --sample-prompt (default 64)");
+  return [o] {
+    namespace fs = std::filesystem;
+    check(o->seq_len >= 1, "--seq-len must be at least 1, got ", o->seq_len);
+    check(o->batch_size >= 1, "--batch-size must be at least 1, got ", o->batch_size);
+    check(o->epochs >= 1, "--epochs must be at least 1, got ", o->epochs);
+    check(!(o->full && (o->lora_rank > 0 || !o->lora_init.empty())), "--full cannot be combined with LoRA options");
+    LoadedModel loaded = load_model_and_tokenizer(o->model, true);
+    const GemmaConfig& config = loaded.model.config;
+
+    Dataset dataset = load_dataset(o->data, o->text_field);
+    BatchOptions batch_options;
+    batch_options.sequence_length = o->seq_len;
+    batch_options.batch_size = o->batch_size;
+    batch_options.take = o->take;
+    batch_options.shuffle = !o->no_shuffle;
+    batch_options.shuffle_seed = o->shuffle_seed;
+    BatchStream stream(dataset, loaded.tokenizer.get(), batch_options);
+
+    std::optional<LoraWeights> lora;
+    if (!o->full) {
+      if (!o->lora_init.empty()) {
+        lora = load_lora_adapter(o->lora_init, config);
+        check(o->lora_rank == 0 || o->lora_rank == lora->rank, o->lora_init, ": adapter rank ", lora->rank,
+              " differs from --lora-rank ", o->lora_rank);
+      } else {
+        lora = enable_lora(config, o->lora_rank > 0 ? o->lora_rank : 4,
+                           parse_lora_targets(split_commas(o->lora_targets)), o->lora_seed, o->lora_alpha);
+      }
+    }
+    FitOptions fit;
+    fit.epochs = o->epochs;
+    fit.max_steps = o->steps;
+    fit.grad_accumulation = o->grad_accum;
+    fit.adamw.learning_rate = o->lr;
+    fit.adamw.weight_decay = o->weight_decay;
+    fit.adamw.beta_1 = o->beta_1;
+    fit.adamw.beta_2 = o->beta_2;
+    fit.adamw.epsilon = o->epsilon;
+    fit.adamw.exclude_from_weight_decay = split_commas(o->no_decay);
+    fit.adamw.clipnorm = o->clipnorm;
+    fit.adamw.clipvalue = o->clipvalue;
+    fit.adamw.global_clipnorm = o->global_clipnorm;
+    const int64_t steps_per_epoch = (int64_t(stream.steps_per_epoch()) + o->grad_accum - 1) / std::max(1, o->grad_accum);
+    fit.schedule.kind = o->schedule;
+    fit.schedule.base = o->lr;
+    fit.schedule.warmup_steps = o->warmup_steps;
+    fit.schedule.total_steps = o->steps > 0 ? std::min<int64_t>(o->steps, steps_per_epoch * o->epochs) : steps_per_epoch * o->epochs;
+    fit.schedule.final_fraction = o->final_lr_fraction;
+    fs::create_directories(o->out);
+    fit.checkpoint_path = (fs::path(o->out) / "checkpoint.safetensors").string();
+    fit.checkpoint_every = o->checkpoint_every;
+    fit.log_jsonl = o->log_jsonl;
+    fit.progress = !o->no_progress;
+    // Test hook for the resume test: a real SIGKILL right after a given step's checkpoint.
+    if (const char* kill = std::getenv("MESHTUNE_TEST_KILL_AFTER_STEP")) fit.kill_after_step = std::atoll(kill);
+
+    Trainer trainer(loaded.model, lora, fit);
+    if (o->resume) {
+      check(fs::exists(fit.checkpoint_path), "--resume: no checkpoint at ", fit.checkpoint_path);
+      trainer.load_checkpoint(fit.checkpoint_path);
+      std::cerr << "resumed from " << fit.checkpoint_path << " at step " << trainer.step() << "\n";
+    }
+    const long long total = config.num_parameters();
+    std::cerr << (lora ? "LoRA rank " + std::to_string(lora->rank) : std::string("full fine-tuning"))
+              << ": trainable params " << trainer.trainable_count() << ", non-trainable "
+              << (lora ? total : 0) << "; " << stream.num_examples() << " examples, " << steps_per_epoch
+              << " steps per epoch\n";
+
+    GenerateOptions sample;
+    sample.max_length = o->sample_max_length;
+    sample.stop_token_ids = default_stop_token_ids(loaded.model, *loaded.tokenizer);
+    auto print_samples = [&](const char* when) {
+      if (o->sample_prompts.empty()) return;
+      GemmaModel m = trainer.current_model();
+      for (const GeneratedText& r : generate_text(m, *loaded.tokenizer, o->sample_prompts, sample))
+        std::cout << when << ": " << r.text << "\n" << std::flush;
+    };
+    print_samples("before");
+
+    g_stop.store(false);
+    std::signal(SIGINT, request_stop);
+    std::signal(SIGTERM, request_stop);
+    EpochMetrics metrics = trainer.fit(stream, &g_stop);
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    if (trainer.interrupted()) {
+      std::cerr << "interrupted: saved " << fit.checkpoint_path << " at step " << trainer.step()
+                << "; continue with --resume\n";
+      return 130;
+    }
+
+    if (lora) {
+      save_keras_lora((fs::path(o->out) / "adapter.lora.h5").string(), config, *trainer.lora());
+      save_peft_adapter((fs::path(o->out) / "adapter").string(), config, *trainer.lora());
+      std::cerr << "wrote " << o->out << "/adapter.lora.h5 (Keras) and " << o->out << "/adapter/ (PEFT)\n";
+    } else {
+      save_keras_preset(trainer.current_model(), loaded.dir.tokenizer_path, o->seq_len, (fs::path(o->out) / "model").string());
+      std::cerr << "wrote " << o->out << "/model (Keras preset)\n";
+    }
+    nlohmann::json result = {{"steps", trainer.step()}, {"loss", metrics.loss}, {"accuracy", metrics.accuracy},
+                             {"trainable_params", trainer.trainable_count()}};
+    if (!o->validation_data.empty()) {
+      BatchOptions vo = batch_options;
+      vo.shuffle = false;
+      vo.take = o->validation_take;
+      BatchStream validation(load_dataset(o->validation_data, o->text_field), loaded.tokenizer.get(), vo);
+      EpochMetrics v = trainer.evaluate(validation);
+      result["val_loss"] = v.loss;
+      result["val_accuracy"] = v.accuracy;
+      std::cerr << "validation: loss " << v.loss << " - sparse_categorical_accuracy " << v.accuracy << "\n";
+    }
+    print_samples("after");
+    std::cout << result.dump() << "\n";
+    return 0;
+  };
+}
+
+}  // namespace meshtune::cli

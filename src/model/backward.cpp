@@ -1,0 +1,154 @@
+#include "model/backward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/activation.h"
+#include "kernels/linear_backward.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+
+namespace meshtune {
+
+// Backward of one decoder block (mirror of decoder_block in gemma.cpp). On entry dx holds
+// ∂L/∂(block output) [M, D]; on exit ∂L/∂(block input). Weight gradients are added into g.
+static void decoder_block_backward(const GemmaConfig& c, const DecoderLayerWeights& w, int layer,
+                                   const BlockActivations& a, int64_t B, int64_t T, const uint8_t* key_valid,
+                                   const LayerGradients& g, std::vector<float>& dx) {
+  const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
+                F = c.ffw_dim;
+  const float eps = c.layer_norm_epsilon;
+  auto zeros = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.f); };
+
+  // --- feed-forward branch: out = mid + post_ffw_norm(ffw_linear(gelu(gate)·up)) ---
+  std::vector<float> d_branch = dx;
+  if (c.use_post_ffw_norm)
+    rmsnorm_backward(a.ffw_projected.data(), w.post_ffw_norm.data(), M, D, eps, d_branch.data(), d_branch.data(),
+                     g.post_ffw_norm);
+  std::vector<float> d_activated = zeros(M * F), d_gate = zeros(M * F), d_up = zeros(M * F);
+  linear_backward_input(d_branch.data(), M, w.ffw_linear, d_activated.data());
+  if (g.ffw_linear) linear_backward_weight(d_branch.data(), a.activated.data(), M, D, F, g.ffw_linear);
+  geglu_backward(a.gate.data(), a.up.data(), d_activated.data(), M * F, d_gate.data(), d_up.data());
+  std::vector<float> d_normed = zeros(M * D);
+  linear_backward_input(d_gate.data(), M, w.ffw_gating, d_normed.data());
+  linear_backward_input(d_up.data(), M, w.ffw_gating_2, d_normed.data(), /*accumulate=*/true);
+  if (g.ffw_gating) linear_backward_weight(d_gate.data(), a.ffw_normed.data(), M, F, D, g.ffw_gating);
+  if (g.ffw_gating_2) linear_backward_weight(d_up.data(), a.ffw_normed.data(), M, F, D, g.ffw_gating_2);
+  rmsnorm_backward(a.mid.data(), w.pre_ffw_norm.data(), M, D, eps, d_normed.data(), d_normed.data(), g.pre_ffw_norm);
+  for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂mid
+
+  // --- attention branch: mid = input + post_attention_norm(attention_output(attention(q, k, v))) ---
+  d_branch = dx;
+  if (c.use_post_attention_norm)
+    rmsnorm_backward(a.attn_projected.data(), w.post_attention_norm.data(), M, D, eps, d_branch.data(),
+                     d_branch.data(), g.post_attention_norm);
+  std::vector<float> d_attended = zeros(M * N * H);
+  linear_backward_input(d_branch.data(), M, w.attention_output, d_attended.data());
+  if (g.attention_output) linear_backward_weight(d_branch.data(), a.attended.data(), M, D, N * H, g.attention_output);
+  std::vector<float> dq = zeros(M * N * H), dk = zeros(M * K * H), dv = zeros(M * K * H);
+  attention_backward(a.q.data(), a.k.data(), a.v.data(), key_valid, attention_shape(c, layer, B, T, 0, T),
+                     d_attended.data(), dq.data(), dk.data(), dv.data());
+  const float scale = c.query_scale();
+  for (float& value : dq) value *= scale;
+  std::vector<int64_t> positions(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) positions[m] = m % T;
+  rope_backward(dq.data(), M, N, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
+  rope_backward(dk.data(), M, K, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
+  if (c.use_query_key_norm) {
+    rmsnorm_backward(a.q_raw.data(), w.query_norm.data(), M * N, H, eps, dq.data(), dq.data(), g.query_norm);
+    rmsnorm_backward(a.k_raw.data(), w.key_norm.data(), M * K, H, eps, dk.data(), dk.data(), g.key_norm);
+  }
+  std::fill(d_normed.begin(), d_normed.end(), 0.f);
+  linear_backward_input(dq.data(), M, w.query, d_normed.data());
+  linear_backward_input(dk.data(), M, w.key, d_normed.data(), true);
+  linear_backward_input(dv.data(), M, w.value, d_normed.data(), true);
+  if (g.query) linear_backward_weight(dq.data(), a.attn_normed.data(), M, N * H, D, g.query);
+  if (g.key) linear_backward_weight(dk.data(), a.attn_normed.data(), M, K * H, D, g.key);
+  if (g.value) linear_backward_weight(dv.data(), a.attn_normed.data(), M, K * H, D, g.value);
+  rmsnorm_backward(a.input.data(), w.pre_attention_norm.data(), M, D, eps, d_normed.data(), d_normed.data(),
+                   g.pre_attention_norm);
+  for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂input
+}
+
+LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, double loss_scale,
+                          const ModelGradients* grads) {
+  const GemmaConfig& c = model.config;
+  const int64_t B = batch.batch, T = batch.length, M = B * T, D = c.hidden_dim, V = c.vocab_size;
+  check(B > 0 && T > 0, "empty training batch");
+  check(!grads || int64_t(grads->layers.size()) == c.num_layers, "gradient table has the wrong number of layers");
+  for (int64_t m = 0; m < M; ++m)
+    check(batch.targets[m] >= 0 && batch.targets[m] < V, "target id ", batch.targets[m], " at [", m / T, ", ", m % T,
+          "] is outside the vocabulary (size ", V, ")");
+
+  KVCache cache(c, B, T);
+  std::copy(batch.padding_mask, batch.padding_mask + M, cache.key_valid.begin());
+  ForwardTrace trace;
+  std::vector<BlockActivations> saved;
+  std::vector<float> hidden = backbone_forward(model, batch.token_ids, B, T, 0, cache, &trace, grads ? &saved : nullptr);
+
+  // Loss over the rows that carry weight, a chunk at a time (the logits of a chunk only).
+  std::vector<int64_t> rows;
+  for (int64_t m = 0; m < M; ++m)
+    if (batch.sample_weight[m] != 0.f) rows.push_back(m);
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 24) / V));
+  std::vector<float> d_hidden(static_cast<size_t>(grads ? M * D : 0), 0.f);
+  std::vector<float> h_chunk(static_cast<size_t>(chunk * D)), logits(static_cast<size_t>(chunk * V)),
+      d_h_chunk(static_cast<size_t>(chunk * D));
+  const float cap = c.final_logit_soft_cap;
+  LossSums sums;
+  for (size_t r0 = 0; r0 < rows.size(); r0 += size_t(chunk)) {
+    const int64_t n = std::min<int64_t>(chunk, int64_t(rows.size() - r0));
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(hidden.begin() + rows[r0 + i] * D, D, h_chunk.begin() + i * D);
+    lm_head(model, h_chunk.data(), n, logits.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t m = rows[r0 + i];
+      float* z = logits.data() + i * V;
+      const int32_t y = batch.targets[m];
+      const double w = batch.sample_weight[m];
+      const int64_t best = std::max_element(z, z + V) - z;  // ties: first index, as Keras' argmax
+      const float max_z = z[best];
+      double sum_exp = 0;
+      for (int64_t v = 0; v < V; ++v) sum_exp += std::exp(double(z[v] - max_z));
+      const double log_sum = std::log(sum_exp) + max_z;
+      sums.weighted_ce += w * (log_sum - z[y]);
+      sums.weighted_correct += w * (best == y ? 1.0 : 0.0);
+      sums.weight += w;
+      if (!grads) continue;
+      // ∂(scale·w·CE)/∂z = scale·w·(softmax − onehot), through the final soft-cap if any.
+      const double factor = loss_scale * w;
+      for (int64_t v = 0; v < V; ++v) {
+        double dz = std::exp(double(z[v]) - log_sum) * factor;
+        if (v == y) dz -= factor;
+        if (cap > 0) dz *= 1.0 - double(z[v] / cap) * double(z[v] / cap);
+        z[v] = float(dz);  // the chunk's logits buffer now holds ∂L/∂raw_logits
+      }
+    }
+    if (!grads) continue;
+    linear_backward_input(logits.data(), n, model.embeddings, d_h_chunk.data());
+    if (grads->embeddings) linear_backward_weight(logits.data(), h_chunk.data(), n, V, D, grads->embeddings);
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(d_h_chunk.begin() + i * D, D, d_hidden.begin() + rows[r0 + i] * D);
+  }
+  if (!grads) return sums;
+
+  // Final norm, then the blocks in reverse, then the scaled embedding lookup.
+  std::vector<float>& dx = d_hidden;
+  const std::vector<float>& final_input = trace.block_outputs.back();
+  rmsnorm_backward(final_input.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, dx.data(), dx.data(),
+                   grads->final_norm);
+  for (int layer = c.num_layers - 1; layer >= 0; --layer)
+    decoder_block_backward(c, model.layers[size_t(layer)], layer, saved[size_t(layer)], B, T, batch.padding_mask,
+                           grads->layers[size_t(layer)], dx);
+  if (grads->embeddings) {
+    const float embedding_scale = float(std::sqrt(double(D)));
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = grads->embeddings + int64_t(batch.token_ids[m]) * D;
+      for (int64_t i = 0; i < D; ++i) row[i] += dx[m * D + i] * embedding_scale;
+    }
+  }
+  return sums;
+}
+
+}  // namespace meshtune

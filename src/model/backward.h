@@ -1,0 +1,45 @@
+// Training: the causal-LM loss and its gradient (spec §8), written as explicit per-layer backward
+// passes that mirror gemma.cpp's forward. The loss is Keras' SparseCategoricalCrossentropy
+// (from logits, sample weights, reduction sum_over_batch_size): Σ w·CE / (B·T). Logits are formed
+// a chunk of rows at a time and rows with zero weight are skipped, so [B·T, V] never exists.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/gemma.h"
+
+namespace meshtune {
+
+// One training batch: x = token_ids, y = targets, w = sample_weight, key padding mask.
+struct TokenBatch {
+  int64_t batch = 0, length = 0;  // B, T
+  const int32_t* token_ids = nullptr;    // [B, T]
+  const uint8_t* padding_mask = nullptr; // [B, T]
+  const int32_t* targets = nullptr;      // [B, T]
+  const float* sample_weight = nullptr;  // [B, T]
+};
+
+// Where backward adds weight gradients (+=, fp32, our [out, in] layouts); null = frozen.
+struct LayerGradients {
+  float *query = nullptr, *key = nullptr, *value = nullptr, *attention_output = nullptr;
+  float *ffw_gating = nullptr, *ffw_gating_2 = nullptr, *ffw_linear = nullptr;
+  float *pre_attention_norm = nullptr, *post_attention_norm = nullptr, *pre_ffw_norm = nullptr,
+        *post_ffw_norm = nullptr, *query_norm = nullptr, *key_norm = nullptr;
+};
+struct ModelGradients {
+  float* embeddings = nullptr;  // [V, D]: the lookup and the tied output projection
+  std::vector<LayerGradients> layers;
+  float* final_norm = nullptr;
+};
+
+// Σ over the batch of w·CE, w·[argmax = y] and w (Keras' metric states before dividing).
+struct LossSums {
+  double weighted_ce = 0, weighted_correct = 0, weight = 0;
+};
+
+// Forward (and, with `grads`, backward) of the loss scaled by `loss_scale` — Keras uses
+// 1/(B·T). Gradients are accumulated into `grads`. Returns the unscaled sums.
+LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, double loss_scale,
+                          const ModelGradients* grads);
+
+}  // namespace meshtune

@@ -1,0 +1,304 @@
+#include "model/lora.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "core/error.h"
+
+namespace meshtune {
+
+namespace {
+
+bool is_adaptable(Slot slot) {
+  switch (slot) {
+    case Slot::Query:
+    case Slot::Key:
+    case Slot::Value:
+    case Slot::AttentionOutput:
+    case Slot::FfwGating:
+    case Slot::FfwGating2:
+    case Slot::FfwLinear: return true;
+    default: return false;
+  }
+}
+
+// What an adapted kernel looks like: its Keras shape and layout kind, and our [rows=out, cols=in].
+struct KernelInfo {
+  Shape keras_shape;
+  VarKind kind = VarKind::Dense;
+  int64_t rows = 0, cols = 0;
+};
+
+// Taken from gemma_variables (layer 0) so that there is one table of shapes.
+KernelInfo kernel_info(const GemmaConfig& config, Slot slot) {
+  check(is_adaptable(slot), "LoRA: ", slot_layer_name(slot), " cannot carry a LoRA adapter");
+  check(config.num_layers > 0, "LoRA: the model has no layers");
+  for (const VariableSpec& spec : gemma_variables(config))
+    if (spec.layer == 0 && spec.slot == slot) return {spec.keras_shape, spec.kind, spec.hf_shape[0], spec.hf_shape[1]};
+  fail("LoRA: no variable for ", slot_layer_name(slot));
+}
+
+int64_t prod_but_last(const Shape& s) {
+  int64_t p = 1;
+  for (size_t i = 0; i + 1 < s.size(); ++i) p *= s[i];
+  return p;
+}
+
+// The matrix of `slot` in a decoder layer.
+WeightMatrix& layer_matrix(DecoderLayerWeights& l, Slot slot) {
+  switch (slot) {
+    case Slot::Query: return l.query;
+    case Slot::Key: return l.key;
+    case Slot::Value: return l.value;
+    case Slot::AttentionOutput: return l.attention_output;
+    case Slot::FfwGating: return l.ffw_gating;
+    case Slot::FfwGating2: return l.ffw_gating_2;
+    case Slot::FfwLinear: return l.ffw_linear;
+    default: fail("LoRA: ", slot_layer_name(slot), " is not a weight matrix");
+  }
+}
+
+// splitmix64: a tiny, fully specified generator, so the same seed gives the same A everywhere.
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+};
+
+// ΔK[P, last] = A[P, r]·B[r, last], summing over r in order with a separate multiply and add (no
+// FMA): that is what NumPy computes for Keras, so merged kernels equal Keras' bit for bit.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+void keras_lora_product(const float* a, const float* b, int64_t P, int64_t r, int64_t last, float* out) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  for (int64_t p = 0; p < P; ++p) {
+    float* o = out + p * last;
+    const float* ap = a + p * r;
+    for (int64_t h = 0; h < last; ++h) o[h] = ap[0] * b[h];
+    for (int64_t j = 1; j < r; ++j) {
+      const float* bj = b + j * last;
+      for (int64_t h = 0; h < last; ++h) o[h] += ap[j] * bj[h];
+    }
+  }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+
+}  // namespace
+
+std::string LoraAdapter::keras_path(const GemmaConfig& config) const {
+  const std::string block = "decoder_block_" + std::to_string(layer) + "/";
+  switch (slot) {
+    case Slot::Query:
+    case Slot::Key:
+    case Slot::Value:
+    case Slot::AttentionOutput: return block + "attention/" + slot_layer_name(slot);
+    default: return block + slot_layer_name(slot);
+  }
+}
+
+long long LoraWeights::num_parameters() const {
+  long long n = 0;
+  for (const LoraAdapter& a : adapters) n += (long long)(a.a.size() + a.b.size());
+  return n;
+}
+
+const char* slot_layer_name(Slot slot) {
+  switch (slot) {
+    case Slot::Embeddings: return "token_embedding";
+    case Slot::FinalNorm: return "final_normalization";
+    case Slot::PreAttentionNorm: return "pre_attention_norm";
+    case Slot::PostAttentionNorm: return "post_attention_norm";
+    case Slot::PreFfwNorm: return "pre_ffw_norm";
+    case Slot::PostFfwNorm: return "post_ffw_norm";
+    case Slot::QueryNorm: return "query_norm";
+    case Slot::KeyNorm: return "key_norm";
+    case Slot::Query: return "query";
+    case Slot::Key: return "key";
+    case Slot::Value: return "value";
+    case Slot::AttentionOutput: return "attention_output";
+    case Slot::FfwGating: return "ffw_gating";
+    case Slot::FfwGating2: return "ffw_gating_2";
+    case Slot::FfwLinear: return "ffw_linear";
+  }
+  return "?";
+}
+
+std::vector<Slot> parse_lora_targets(const std::vector<std::string>& names) {
+  static const std::vector<Slot> all = {Slot::Query,      Slot::Key,        Slot::Value,    Slot::AttentionOutput,
+                                        Slot::FfwGating, Slot::FfwGating2, Slot::FfwLinear};
+  // Keras' own default (enable_lora without target names) adapts query and value.
+  if (names.empty()) return {Slot::Query, Slot::Value};
+  std::vector<Slot> out;
+  auto add = [&](Slot s) {
+    for (Slot have : out)
+      if (have == s) return;
+    out.push_back(s);
+  };
+  for (const std::string& name : names) {
+    if (name == "all") {
+      for (Slot s : all) add(s);
+      continue;
+    }
+    bool found = false;
+    for (Slot s : all)
+      if (name == slot_layer_name(s)) {
+        add(s);
+        found = true;
+      }
+    check(found, "unknown LoRA target '", name,
+          "' (expected query, key, value, attention_output, ffw_gating, ffw_gating_2, ffw_linear or all)");
+  }
+  return out;
+}
+
+LoraWeights enable_lora(const GemmaConfig& config, int rank, const std::vector<Slot>& targets, uint64_t seed,
+                        double alpha) {
+  check(rank > 0, "LoRA rank must be positive, got ", rank);
+  check(alpha >= 0, "LoRA alpha must be positive, got ", alpha);
+  LoraWeights w;
+  w.rank = rank;
+  w.alpha = alpha > 0 ? alpha : double(rank);
+  SplitMix64 rng{seed};
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    for (Slot slot : targets) {
+      const KernelInfo k = kernel_info(config, slot);
+      LoraAdapter a;
+      a.layer = layer;
+      a.slot = slot;
+      a.style = LoraStyle::Keras;
+      a.rank = rank;
+      a.a_shape = Shape(k.keras_shape.begin(), k.keras_shape.end() - 1);
+      a.a_shape.push_back(rank);
+      a.b_shape = {rank, k.keras_shape.back()};
+      // he_uniform as Keras computes fans for A: fan_in = product of all dims but the last.
+      const double limit = std::sqrt(6.0 / double(prod_but_last(a.a_shape)));
+      a.a.resize(size_t(num_elements(a.a_shape)));
+      for (float& v : a.a) v = float(limit * (2.0 * rng.uniform() - 1.0));
+      a.b.assign(size_t(num_elements(a.b_shape)), 0.f);
+      a.grad_a.assign(a.a.size(), 0.f);
+      a.grad_b.assign(a.b.size(), 0.f);
+      w.adapters.push_back(std::move(a));
+    }
+  }
+  return w;
+}
+
+std::vector<float> lora_delta(const GemmaConfig& config, const LoraAdapter& ad, double scale) {
+  const KernelInfo k = kernel_info(config, ad.slot);
+  const int r = ad.rank;
+  std::vector<float> delta(size_t(k.rows * k.cols), 0.f);
+  if (ad.style == LoraStyle::Peft) {  // ΔW[out, in] = scale·B[out, r]·A[r, in]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(k.rows), int(k.cols), r, float(scale), ad.b.data(), r,
+                ad.a.data(), int(k.cols), 0.f, delta.data(), int(k.cols));
+    return delta;
+  }
+  // Keras: ΔK[P, last] = A[P, r]·B[r, last] on the flattened Keras kernel, then into our layout.
+  const int64_t P = prod_but_last(k.keras_shape), last = k.keras_shape.back();
+  HostTensor dk = HostTensor::allocate(DType::F32, k.keras_shape);
+  keras_lora_product(ad.a.data(), ad.b.data(), P, r, last, dk.mutable_as<float>());
+  HostTensor ours = keras_to_ours(dk, k.kind);
+  const float* src = ours.as<float>();
+  const float s = float(scale);
+  for (size_t i = 0; i < delta.size(); ++i) delta[i] = s * src[i];
+  return delta;
+}
+
+GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora) {
+  validate_lora(base.config, lora, "merge_lora");
+  GemmaModel merged = base;  // WeightMatrix copies share storage
+  for (const LoraAdapter& ad : lora.adapters) {
+    WeightMatrix& m = layer_matrix(merged.layers[size_t(ad.layer)], ad.slot);
+    const std::vector<float> delta = lora_delta(base.config, ad, lora.scale());
+    auto values = std::make_shared<std::vector<float>>(size_t(m.rows * m.cols));
+    for (int64_t r = 0; r < m.rows; ++r) m.row_to_f32(r, values->data() + r * m.cols);
+    for (size_t i = 0; i < values->size(); ++i) (*values)[i] += delta[i];
+    WeightMatrix out;
+    out.rows = m.rows;
+    out.cols = m.cols;
+    out.dtype = DType::F32;
+    out.data = values->data();
+    out.owner = values;
+    m = out;
+  }
+  return merged;
+}
+
+void lora_backward(const GemmaConfig& config, LoraAdapter& ad, double scale, const float* grad_w) {
+  const KernelInfo k = kernel_info(config, ad.slot);
+  const int r = ad.rank;
+  const float s = float(scale);
+  if (ad.grad_a.size() != ad.a.size()) ad.grad_a.assign(ad.a.size(), 0.f);
+  if (ad.grad_b.size() != ad.b.size()) ad.grad_b.assign(ad.b.size(), 0.f);
+  if (ad.style == LoraStyle::Peft) {
+    const int out = int(k.rows), in = int(k.cols);
+    // grad_a[r, in] += s·Bᵀ·dW;  grad_b[out, r] += s·dW·Aᵀ
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, out, s, ad.b.data(), r, grad_w, in, 1.f,
+                ad.grad_a.data(), in);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, out, r, in, s, grad_w, in, ad.a.data(), in, 1.f,
+                ad.grad_b.data(), r);
+    return;
+  }
+  // Keras: the gradient w.r.t. ΔK is dW brought back into Keras layout, flattened [P, last].
+  const int P = int(prod_but_last(k.keras_shape)), last = int(k.keras_shape.back());
+  HostTensor dw;  // aliases grad_w: ours_to_keras only reads it
+  dw.dtype = DType::F32;
+  dw.shape = {k.rows, k.cols};
+  dw.data = reinterpret_cast<const std::byte*>(grad_w);
+  HostTensor dk = ours_to_keras(dw, k.kind, k.keras_shape);
+  // grad_a[P, r] += s·dΔK·Bᵀ;  grad_b[r, last] += s·Aᵀ·dΔK
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, P, r, last, s, dk.as<float>(), last, ad.b.data(), last, 1.f,
+              ad.grad_a.data(), r);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, last, P, s, ad.a.data(), r, dk.as<float>(), last, 1.f,
+              ad.grad_b.data(), last);
+}
+
+void validate_lora(const GemmaConfig& config, const LoraWeights& lora, const std::string& source) {
+  if (lora.adapters.empty()) return;
+  check(lora.rank > 0, source, ": LoRA rank must be positive, got ", lora.rank);
+  check(lora.alpha > 0, source, ": LoRA alpha must be positive, got ", lora.alpha);
+  std::set<std::pair<int, int>> seen;
+  for (const LoraAdapter& ad : lora.adapters) {
+    check(ad.layer >= 0 && ad.layer < config.num_layers, source, ": LoRA adapter for layer ", ad.layer,
+          ", but the model has ", config.num_layers, " layers");
+    check(is_adaptable(ad.slot), source, ": decoder_block_", ad.layer, "/", slot_layer_name(ad.slot),
+          " cannot carry a LoRA adapter (only query, key, value, attention_output and the FFW kernels)");
+    const std::string name = ad.keras_path(config);
+    check(seen.insert({ad.layer, int(ad.slot)}).second, source, ": two LoRA adapters for ", name);
+    check(ad.rank > 0, source, ": ", name, ": LoRA rank must be positive, got ", ad.rank);
+    const KernelInfo k = kernel_info(config, ad.slot);
+    Shape want_a, want_b;
+    if (ad.style == LoraStyle::Keras) {
+      want_a = Shape(k.keras_shape.begin(), k.keras_shape.end() - 1);
+      want_a.push_back(ad.rank);
+      want_b = {ad.rank, k.keras_shape.back()};
+    } else {
+      want_a = {ad.rank, k.cols};
+      want_b = {k.rows, ad.rank};
+    }
+    const char* style = ad.style == LoraStyle::Keras ? "Keras-style" : "PEFT-style";
+    check(ad.a_shape == want_a, source, ": ", name, "/lora_kernel_a has shape ", shape_str(ad.a_shape), ", but a ",
+          style, " rank-", ad.rank, " adapter on this model needs ", shape_str(want_a));
+    check(ad.b_shape == want_b, source, ": ", name, "/lora_kernel_b has shape ", shape_str(ad.b_shape), ", but a ",
+          style, " rank-", ad.rank, " adapter on this model needs ", shape_str(want_b));
+    check(int64_t(ad.a.size()) == num_elements(ad.a_shape) && int64_t(ad.b.size()) == num_elements(ad.b_shape),
+          source, ": ", name, ": LoRA data size does not match its shape");
+    check(ad.grad_a.empty() || ad.grad_a.size() == ad.a.size(), source, ": ", name, ": grad_a has the wrong size");
+    check(ad.grad_b.empty() || ad.grad_b.size() == ad.b.size(), source, ": ", name, ": grad_b has the wrong size");
+  }
+}
+
+}  // namespace meshtune

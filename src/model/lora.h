@@ -1,0 +1,60 @@
+// LoRA as KerasHub does it (spec §7), plus PEFT-style adapters for interchange:
+//   Keras style: A = kernel[:-1]+(r,) (per head for attention kernels), B = (r, kernel[-1]);
+//                ΔK = A·B over the flattened Keras kernel [prod(kernel[:-1]), last], scale = alpha/r.
+//   PEFT style:  A [r, in], B [out, r] in HF's [out, in] layout, ΔW = scale·B·A.
+// The effective kernel is W + scale·ΔW (Keras' `kernel` property). Base weights stay frozen.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/gemma.h"
+#include "model/variables.h"
+
+namespace meshtune {
+
+enum class LoraStyle { Keras, Peft };
+
+struct LoraAdapter {
+  int layer = 0;
+  Slot slot = Slot::Query;  // one of Query, Key, Value, AttentionOutput, FfwGating, FfwGating2, FfwLinear
+  LoraStyle style = LoraStyle::Keras;
+  int rank = 0;
+  Shape a_shape, b_shape;   // Keras: kernel[:-1]+(r,), (r, last); PEFT: (r, in), (out, r)
+  std::vector<float> a, b;  // row-major, fp32
+  std::vector<float> grad_a, grad_b;  // same sizes, used by training
+  std::string keras_path(const GemmaConfig& config) const;  // ".../attention/query" (no /lora_kernel_a)
+};
+
+struct LoraWeights {
+  int rank = 0;
+  double alpha = 0;  // scale = alpha / rank (Keras: alpha = rank → 1)
+  std::vector<LoraAdapter> adapters;
+  double scale() const { return alpha / rank; }
+  long long num_parameters() const;
+};
+
+// Target names (Keras layer names): query, key, value, attention_output, ffw_gating, ffw_gating_2,
+// ffw_linear; "all" = every one of them. Throws Error for an unknown name.
+std::vector<Slot> parse_lora_targets(const std::vector<std::string>& names);
+const char* slot_layer_name(Slot slot);  // "query", "ffw_gating_2", …
+
+// backbone.enable_lora(rank): Keras-style adapters on `targets` of every layer, A ~ he_uniform
+// (U(±√(6/fan_in)), fan_in = prod(kernel[:-1])), B = 0, alpha = rank unless given (> 0).
+LoraWeights enable_lora(const GemmaConfig& config, int rank, const std::vector<Slot>& targets, uint64_t seed,
+                        double alpha = 0);
+
+// ΔW = scale·(A·B) of one adapter in our [out, in] layout (rows × cols of the base matrix).
+std::vector<float> lora_delta(const GemmaConfig& config, const LoraAdapter& adapter, double scale);
+
+// A copy of `base` whose adapted matrices are replaced by fp32 W + ΔW (other matrices are shared,
+// not copied). This is what generation with an adapter, export (merge) and training use.
+GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora);
+
+// Given ∂L/∂W_eff [out, in] of an adapted matrix, adds ∂L/∂A and ∂L/∂B into grad_a / grad_b.
+void lora_backward(const GemmaConfig& config, LoraAdapter& adapter, double scale, const float* grad_w);
+
+// Checks that adapters fit the model (layer index, shapes); throws Error naming `source`.
+void validate_lora(const GemmaConfig& config, const LoraWeights& lora, const std::string& source);
+
+}  // namespace meshtune

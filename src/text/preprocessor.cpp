@@ -1,0 +1,47 @@
+#include "text/preprocessor.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace meshtune {
+
+PackedExample pack_for_training(const std::vector<int>& tokens, int sequence_length, int bos_id, int eos_id,
+                                int pad_id) {
+  check(sequence_length >= 1, "preprocessor: sequence_length must be >= 1, got ", sequence_length);
+  const size_t L = size_t(sequence_length);
+  // BOS + tokens[:L-1] + EOS, right-padded to L+1. EOS is appended even after truncation (Keras
+  // StartEndPacker), so the packed length is at most L+1 and never needs cutting again.
+  const size_t kept = std::min(tokens.size(), L - 1);
+  std::vector<int32_t> ids(L + 1, int32_t(pad_id));
+  std::vector<uint8_t> mask(L + 1, 0);
+  ids[0] = bos_id;
+  for (size_t i = 0; i < kept; ++i) ids[1 + i] = tokens[i];
+  ids[1 + kept] = eos_id;
+  std::fill(mask.begin(), mask.begin() + long(kept + 2), uint8_t(1));
+
+  PackedExample out;
+  out.token_ids.assign(ids.begin(), ids.end() - 1);
+  out.padding_mask.assign(mask.begin(), mask.end() - 1);
+  out.targets.assign(ids.begin() + 1, ids.end());
+  out.sample_weight.resize(L);
+  for (size_t i = 0; i < L; ++i) out.sample_weight[i] = mask[i + 1] ? 1.0f : 0.0f;
+  return out;
+}
+
+PackedExample pack_pretokenized(const std::vector<int32_t>& row, int pad_id) {
+  check(row.size() >= 2, "preprocessor: a pre-tokenized row needs at least 2 ids, got ", row.size());
+  const size_t L = row.size() - 1;
+  PackedExample out;
+  out.token_ids.assign(row.begin(), row.end() - 1);
+  out.targets.assign(row.begin() + 1, row.end());
+  out.padding_mask.resize(L);
+  out.sample_weight.resize(L);
+  for (size_t i = 0; i < L; ++i) {
+    out.padding_mask[i] = row[i] != pad_id ? 1 : 0;
+    out.sample_weight[i] = row[i + 1] != pad_id ? 1.0f : 0.0f;
+  }
+  return out;
+}
+
+}  // namespace meshtune

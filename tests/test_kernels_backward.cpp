@@ -1,0 +1,305 @@
+// Backward kernels against central finite differences of L = Σ c_i·y_i (random c, so dy = c).
+// The elementwise kernels and rmsnorm are differenced through the fp32 forward itself, with an
+// fp32-honest tolerance; attention is differenced through a plain fp64 reference forward, so its
+// analytic gradient can be held to ~1e-4.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+
+using namespace meshtune;
+
+namespace {
+
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+double weighted_sum(const std::vector<float>& c, const std::vector<float>& y) {
+  double L = 0;
+  for (size_t i = 0; i < y.size(); ++i) L += double(c[i]) * y[i];
+  return L;
+}
+
+// Central differences of loss() in every element of x (which loss reads by reference), compared
+// with `analytic`: asserts |fd − analytic| ≤ tol·max(1, |analytic|) and returns the largest
+// such relative error. The step actually taken in fp32 is used as the denominator.
+double check_fp32_gradient(std::vector<float>& x, const std::vector<float>& analytic,
+                           const std::function<double()>& loss, float h, double tol, const char* what) {
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float orig = x[i];
+    const float xp = orig + h, xm = orig - h;
+    x[i] = xp;
+    const double lp = loss();
+    x[i] = xm;
+    const double lm = loss();
+    x[i] = orig;
+    const double fd = (lp - lm) / (double(xp) - double(xm));
+    const double err = std::abs(fd - analytic[i]) / std::max(1.0, std::abs(double(analytic[i])));
+    worst = std::max(worst, err);
+    EXPECT_LE(err, tol) << what << "[" << i << "]: fd " << fd << " analytic " << analytic[i];
+  }
+  return worst;
+}
+
+TEST(KernelsBackward, RmsNormMatchesFiniteDifferences) {
+  double worst_x = 0, worst_scale = 0;
+  for (int64_t dim : {1, 7, 33}) {
+    const int64_t rows = 3;
+    const float eps = 1e-6f;
+    auto x = random_vector(size_t(rows * dim), 11), scale = random_vector(size_t(dim), 12, 0.3f);
+    auto c = random_vector(x.size(), 13);
+    auto loss = [&] {
+      std::vector<float> y(x.size());
+      rmsnorm(x.data(), scale.data(), rows, dim, eps, y.data());
+      return weighted_sum(c, y);
+    };
+    std::vector<float> dx(x.size());
+    std::vector<float> dscale(size_t(dim), 0.5f);  // rmsnorm_backward adds into dscale
+    rmsnorm_backward(x.data(), scale.data(), rows, dim, eps, c.data(), dx.data(), dscale.data());
+    for (float& d : dscale) d -= 0.5f;
+    worst_x = std::max(worst_x, check_fp32_gradient(x, dx, loss, 1e-2f, 2e-3, "rmsnorm dx"));
+    worst_scale = std::max(worst_scale, check_fp32_gradient(scale, dscale, loss, 1e-2f, 2e-3, "rmsnorm dscale"));
+
+    // dx may alias dy, and dscale may be null.
+    std::vector<float> in_place = c;
+    rmsnorm_backward(x.data(), scale.data(), rows, dim, eps, in_place.data(), in_place.data(), nullptr);
+    for (size_t i = 0; i < dx.size(); ++i) EXPECT_EQ(in_place[i], dx[i]);
+  }
+  std::printf("rmsnorm: max rel err dx %.2e, dscale %.2e\n", worst_x, worst_scale);
+}
+
+TEST(KernelsBackward, RmsNormParallelPathMatchesSerial) {
+  // Large enough to take the OpenMP path: dscale must still be the sum over all rows.
+  const int64_t rows = 300, dim = 129;
+  auto x = random_vector(size_t(rows * dim), 14), scale = random_vector(size_t(dim), 15, 0.3f);
+  auto dy = random_vector(x.size(), 16);
+  std::vector<float> dx(x.size()), dscale(size_t(dim), 0.f);
+  rmsnorm_backward(x.data(), scale.data(), rows, dim, 1e-6f, dy.data(), dx.data(), dscale.data());
+  std::vector<double> expected(size_t(dim), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ms = 0;
+    for (int64_t i = 0; i < dim; ++i) ms += double(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1 / std::sqrt(ms / dim + 1e-6);
+    for (int64_t i = 0; i < dim; ++i) expected[i] += double(dy[r * dim + i]) * x[r * dim + i] * inv;
+  }
+  for (int64_t i = 0; i < dim; ++i) EXPECT_NEAR(dscale[i], expected[i], 1e-3 * std::max(1.0, std::abs(expected[i])));
+}
+
+TEST(KernelsBackward, RopeMatchesFiniteDifferences) {
+  const int64_t T = 3, heads = 2;
+  std::vector<int64_t> pos = {0, 3, 17};
+  double worst = 0;
+  for (int64_t H : {2, 6, 8})
+    for (float scaling : {1.f, 8.f}) {
+      auto x = random_vector(size_t(T * heads * H), 21), c = random_vector(x.size(), 22);
+      auto loss = [&] {
+        std::vector<float> y = x;
+        rope(y.data(), T, heads, H, pos.data(), 10000.f, scaling);
+        return weighted_sum(c, y);
+      };
+      std::vector<float> dx = c;
+      rope_backward(dx.data(), T, heads, H, pos.data(), 10000.f, scaling);
+      worst = std::max(worst, check_fp32_gradient(x, dx, loss, 1e-2f, 2e-3, "rope dx"));
+    }
+  std::printf("rope: max rel err dx %.2e\n", worst);
+}
+
+TEST(KernelsBackward, RopeBackwardUndoesRope) {
+  const int64_t T = 4, heads = 3, H = 16;
+  std::vector<int64_t> pos = {0, 3, 17, 1000};
+  double worst = 0;
+  for (float scaling : {1.f, 8.f}) {
+    auto x = random_vector(size_t(T * heads * H), 23), y = x;
+    rope(y.data(), T, heads, H, pos.data(), 10000.f, scaling);
+    rope_backward(y.data(), T, heads, H, pos.data(), 10000.f, scaling);
+    for (size_t i = 0; i < x.size(); ++i) {
+      worst = std::max(worst, double(std::abs(y[i] - x[i])));
+      // Only fp32 rounding of the two rotations (cos² + sin² is 1 to within an ulp or so).
+      EXPECT_NEAR(y[i], x[i], 1e-5f * std::max(1.f, std::abs(x[i]))) << i;
+    }
+    // Position 0 rotates by exactly 0: both directions leave it bit-identical.
+    for (int64_t i = 0; i < heads * H; ++i) EXPECT_EQ(y[size_t(i)], x[size_t(i)]);
+  }
+  std::printf("rope round trip: max abs err %.2e\n", worst);
+}
+
+TEST(KernelsBackward, GegluMatchesFiniteDifferences) {
+  auto gate = random_vector(37, 31, 2.f), up = random_vector(37, 32);
+  // Also the tails, where tanh saturates, and zero.
+  for (float u : {-6.f, -3.f, -1.f, 0.f, 0.5f, 3.f, 6.f}) {
+    gate.push_back(u);
+    up.push_back(0.7f);
+  }
+  const int64_t n = int64_t(gate.size());
+  auto c = random_vector(gate.size(), 33);
+  auto loss = [&] {
+    std::vector<float> out = gate;
+    geglu(out.data(), up.data(), n);
+    return weighted_sum(c, out);
+  };
+  std::vector<float> dgate(gate.size()), dup(gate.size());
+  geglu_backward(gate.data(), up.data(), c.data(), n, dgate.data(), dup.data());
+  const double worst_gate = check_fp32_gradient(gate, dgate, loss, 1e-2f, 2e-3, "geglu dgate");
+  const double worst_up = check_fp32_gradient(up, dup, loss, 1e-2f, 2e-3, "geglu dup");
+  std::printf("geglu: max rel err dgate %.2e, dup %.2e\n", worst_gate, worst_up);
+}
+
+TEST(KernelsBackward, SoftCapMatchesFiniteDifferences) {
+  double worst = 0;
+  for (float cap : {1.5f, 30.f}) {
+    auto x = random_vector(41, 41, 2.f), c = random_vector(41, 42);
+    auto loss = [&] {
+      std::vector<float> y = x;
+      soft_cap(y.data(), int64_t(y.size()), cap);
+      return weighted_sum(c, y);
+    };
+    std::vector<float> y = x, dx = c;
+    soft_cap(y.data(), int64_t(y.size()), cap);
+    soft_cap_backward(y.data(), dx.data(), int64_t(dx.size()), cap);
+    worst = std::max(worst, check_fp32_gradient(x, dx, loss, 1e-2f, 2e-3, "soft_cap dx"));
+  }
+  std::printf("soft_cap: max rel err dx %.2e\n", worst);
+}
+
+// Plain attention from the definition, all in double (training case: start 0, S = T).
+std::vector<double> attention_fp64(const std::vector<double>& q, const std::vector<double>& k,
+                                   const std::vector<double>& v, const std::vector<uint8_t>& valid,
+                                   const AttentionShape& s) {
+  const int64_t T = s.query_len, N = s.heads, K = s.kv_heads, H = s.head_dim, G = N / K;
+  std::vector<double> out(size_t(s.batch * T * N * H), 0.0);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t kv = n / G;
+        std::vector<double> score(size_t(T), 0.0);
+        std::vector<bool> allowed(size_t(T), false);
+        double mx = -1e300;
+        for (int64_t j = 0; j < T; ++j) {
+          allowed[j] = j <= t && valid[b * T + j] && (s.window == 0 || t - j < s.window);
+          if (!allowed[j]) continue;
+          double d = 0;
+          for (int64_t h = 0; h < H; ++h) d += q[((b * T + t) * N + n) * H + h] * k[((b * T + j) * K + kv) * H + h];
+          if (s.soft_cap > 0) d = std::tanh(d / s.soft_cap) * s.soft_cap;
+          score[j] = d;
+          mx = std::max(mx, d);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < T; ++j) sum += allowed[j] ? std::exp(score[j] - mx) : 0.0;
+        if (sum == 0) continue;  // no allowed key: zeros
+        for (int64_t j = 0; j < T; ++j) {
+          if (!allowed[j]) continue;
+          const double p = std::exp(score[j] - mx) / sum;
+          for (int64_t h = 0; h < H; ++h)
+            out[((b * T + t) * N + n) * H + h] += p * v[((b * T + j) * K + kv) * H + h];
+        }
+      }
+  return out;
+}
+
+std::vector<double> to_double(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+
+// fp64 central differences of L = Σ c·attention_fp64(...) in every element of x, against analytic.
+double check_fp64_gradient(std::vector<double>& x, const std::vector<float>& analytic,
+                           const std::function<double()>& loss, double tol, const char* what) {
+  const double h = 1e-5;
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double orig = x[i];
+    x[i] = orig + h;
+    const double lp = loss();
+    x[i] = orig - h;
+    const double lm = loss();
+    x[i] = orig;
+    const double fd = (lp - lm) / (2 * h);
+    const double err = std::abs(fd - analytic[i]) / std::max(1.0, std::abs(double(analytic[i])));
+    worst = std::max(worst, err);
+    EXPECT_LE(err, tol) << what << "[" << i << "]: fd " << fd << " analytic " << analytic[i];
+  }
+  return worst;
+}
+
+TEST(KernelsBackward, AttentionMatchesFp64FiniteDifferences) {
+  struct Case {
+    int64_t B, T, N, K, H, W;
+    float cap;
+    std::vector<int64_t> padding;  // flat b·T + j indices of padding keys
+    std::vector<int64_t> empty_rows;  // flat b·T + t query rows that see no key
+  };
+  const std::vector<Case> cases = {
+      // GQA 4→2, no window or cap; row 0's first key is padding, so its query 0 sees nothing.
+      {2, 7, 4, 2, 5, 0, 0.f, {0, 7 + 4}, {0}},
+      // MQA 4→1, window 2, soft-cap 1.5; keys 3 and 4 padded, so query 4 (window {3, 4}) sees nothing.
+      {1, 9, 4, 1, 3, 2, 1.5f, {3, 4}, {4}},
+      // MQA, window 3, odd head_dim, a padding key at the end of row 1.
+      {2, 6, 4, 1, 7, 3, 0.f, {6 + 5}, {}},
+      // Plain multi-head (N = K = 3), soft-cap with a window.
+      {1, 5, 3, 3, 4, 3, 1.5f, {}, {}},
+      // A single token.
+      {1, 1, 2, 1, 2, 0, 0.f, {}, {}},
+  };
+  double worst_q = 0, worst_k = 0, worst_v = 0, worst_fwd = 0;
+  uint32_t seed = 50;
+  for (const Case& c : cases) {
+    AttentionShape s{c.B, c.T, 0, c.T, c.N, c.K, c.H, c.W, c.cap};
+    const size_t q_size = size_t(c.B * c.T * c.N * c.H), kv_size = size_t(c.B * c.T * c.K * c.H);
+    auto q = random_vector(q_size, seed++), k = random_vector(kv_size, seed++), v = random_vector(kv_size, seed++);
+    auto dout = random_vector(q_size, seed++);
+    std::vector<uint8_t> valid(size_t(c.B * c.T), 1);
+    for (int64_t p : c.padding) valid[size_t(p)] = 0;
+
+    // The fp64 reference agrees with the kernel's forward, so it differentiates the same function.
+    std::vector<float> out(q_size);
+    attention(q.data(), k.data(), v.data(), valid.data(), s, out.data());
+    std::vector<double> qd = to_double(q), kd = to_double(k), vd = to_double(v);
+    const auto ref = attention_fp64(qd, kd, vd, valid, s);
+    for (size_t i = 0; i < q_size; ++i) {
+      worst_fwd = std::max(worst_fwd, std::abs(out[i] - ref[i]));
+      ASSERT_NEAR(out[i], ref[i], 1e-5) << i;
+    }
+
+    // Start the outputs dirty: the backward must overwrite, not accumulate.
+    std::vector<float> dq(q_size, 7.f), dk(kv_size, 7.f), dv(kv_size, 7.f);
+    attention_backward(q.data(), k.data(), v.data(), valid.data(), s, dout.data(), dq.data(), dk.data(), dv.data());
+
+    auto loss = [&] {
+      const auto y = attention_fp64(qd, kd, vd, valid, s);
+      double L = 0;
+      for (size_t i = 0; i < y.size(); ++i) L += double(dout[i]) * y[i];
+      return L;
+    };
+    worst_q = std::max(worst_q, check_fp64_gradient(qd, dq, loss, 1e-4, "attention dq"));
+    worst_k = std::max(worst_k, check_fp64_gradient(kd, dk, loss, 1e-4, "attention dk"));
+    worst_v = std::max(worst_v, check_fp64_gradient(vd, dv, loss, 1e-4, "attention dv"));
+
+    // Exact zeros where nothing flows: query rows with no allowed key, and padding keys.
+    for (int64_t r : c.empty_rows)
+      for (int64_t i = 0; i < c.N * c.H; ++i) {
+        EXPECT_EQ(out[size_t(r * c.N * c.H + i)], 0.f);
+        EXPECT_EQ(dq[size_t(r * c.N * c.H + i)], 0.f);
+      }
+    for (int64_t p : c.padding)
+      for (int64_t i = 0; i < c.K * c.H; ++i) {
+        EXPECT_EQ(dk[size_t(p * c.K * c.H + i)], 0.f);
+        EXPECT_EQ(dv[size_t(p * c.K * c.H + i)], 0.f);
+      }
+  }
+  std::printf("attention: forward vs fp64 max abs %.2e; max rel err dq %.2e, dk %.2e, dv %.2e\n", worst_fwd,
+              worst_q, worst_k, worst_v);
+}
+
+}  // namespace

@@ -1,0 +1,632 @@
+// LoRA: enable_lora, merge, backward, and the adapter files, against the real Keras fixtures
+// (../shared/fixtures/keras/lora-gemma-tiny).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/npy.h"
+#include "io/keras_h5.h"
+#include "io/safetensors.h"
+#include "model/load.h"
+#include "model/lora.h"
+#include "model/lora_files.h"
+#include "test_util.h"
+
+using namespace meshtune;
+using namespace meshtune::testing;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kLoraDir = "keras/lora-gemma-tiny/";
+const std::vector<Slot> kAll = {Slot::Query,      Slot::Key,        Slot::Value,    Slot::AttentionOutput,
+                                Slot::FfwGating, Slot::FfwGating2, Slot::FfwLinear};
+
+GemmaModel tiny_model(const std::string& name = "gemma-tiny") {
+  return load_model(inspect_model_dir(fixture("keras/preset-" + name)));
+}
+
+json lora_info() { return json::parse(read_text_file(fixture(kLoraDir + "lora_info.json"))); }
+
+std::vector<int32_t> npy_ints(const std::string& path) {
+  HostTensor t = read_npy(path);
+  std::vector<int32_t> out(size_t(num_elements(t.shape)));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = t.dtype == DType::I32 ? t.as<int32_t>()[i] : int32_t(t.as<uint8_t>()[i]);
+  return out;
+}
+
+struct Outputs {
+  std::vector<float> hidden, logits;
+  std::vector<int32_t> mask;
+};
+
+// The forward pass on the fixture inputs of outputs-gemma-tiny (as in test_gemma_keras.cpp).
+Outputs run_forward(const GemmaModel& model) {
+  const std::string in = fixture("keras/outputs-gemma-tiny/");
+  HostTensor ids_t = read_npy(in + "token_ids.npy");
+  const int64_t B = ids_t.shape[0], T = ids_t.shape[1], V = model.config.vocab_size;
+  std::vector<int32_t> ids = npy_ints(in + "token_ids.npy");
+  Outputs out;
+  out.mask = npy_ints(in + "padding_mask.npy");
+  KVCache cache(model.config, B, T);
+  for (size_t i = 0; i < out.mask.size(); ++i) cache.key_valid[i] = uint8_t(out.mask[i]);
+  out.hidden = backbone_forward(model, ids.data(), B, T, 0, cache);
+  out.logits.resize(size_t(B * T * V));
+  lm_head(model, out.hidden.data(), B * T, out.logits.data());
+  return out;
+}
+
+double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
+                      size_t width) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t pos = 0; pos < mask.size(); ++pos) {
+    if (!mask[pos]) continue;
+    for (size_t i = 0; i < width; ++i)
+      worst = std::max(worst, double(std::fabs(a[pos * width + i] - b[pos * width + i])));
+  }
+  return worst;
+}
+
+const WeightMatrix& matrix(const GemmaModel& m, int layer, Slot slot) {
+  const DecoderLayerWeights& l = m.layers[size_t(layer)];
+  switch (slot) {
+    case Slot::Query: return l.query;
+    case Slot::Key: return l.key;
+    case Slot::Value: return l.value;
+    case Slot::AttentionOutput: return l.attention_output;
+    case Slot::FfwGating: return l.ffw_gating;
+    case Slot::FfwGating2: return l.ffw_gating_2;
+    default: return l.ffw_linear;
+  }
+}
+
+double max_matrix_diff(const WeightMatrix& a, const WeightMatrix& b) {
+  EXPECT_EQ(a.rows, b.rows);
+  EXPECT_EQ(a.cols, b.cols);
+  double worst = 0;
+  for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t c = 0; c < a.cols; ++c) worst = std::max(worst, double(std::fabs(a.at(r, c) - b.at(r, c))));
+  return worst;
+}
+
+// Deterministic non-zero values (a simple LCG), so B can be non-zero without a fixture.
+void fill_pseudo_random(std::vector<float>& v, uint32_t seed, float amplitude) {
+  uint32_t s = seed;
+  for (float& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = amplitude * (float(s >> 8) / float(1 << 24) * 2.f - 1.f);
+  }
+}
+
+// Throws Error whose message contains every one of `parts`.
+template <typename F>
+void expect_error(F&& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+GemmaConfig gemma_7b_config() {
+  GemmaConfig c;
+  c.family = 1;
+  c.vocab_size = 256000;
+  c.num_layers = 28;
+  c.num_query_heads = 16;
+  c.num_key_value_heads = 16;
+  c.hidden_dim = 3072;
+  c.ffw_dim = 24576;
+  c.head_dim = 256;
+  c.query_scale_dim = 256;
+  return c;
+}
+
+TEST(Lora, TargetsAndNames) {
+  EXPECT_EQ(parse_lora_targets({"query", "value"}), (std::vector<Slot>{Slot::Query, Slot::Value}));
+  EXPECT_EQ(parse_lora_targets({"all"}), kAll);
+  EXPECT_EQ(parse_lora_targets({}), (std::vector<Slot>{Slot::Query, Slot::Value}));
+  EXPECT_THROW(parse_lora_targets({"q_proj_typo"}), Error);
+  EXPECT_STREQ(slot_layer_name(Slot::FfwGating2), "ffw_gating_2");
+  GemmaConfig c = tiny_model().config;
+  LoraAdapter a;
+  a.layer = 0;
+  a.slot = Slot::Query;
+  EXPECT_EQ(a.keras_path(c), "decoder_block_0/attention/query");
+  a.layer = 1;
+  a.slot = Slot::FfwGating2;
+  EXPECT_EQ(a.keras_path(c), "decoder_block_1/ffw_gating_2");
+  // The adapter paths match gemma_variables' kernel paths.
+  for (const VariableSpec& spec : gemma_variables(c))
+    for (Slot s : kAll)
+      if (spec.slot == s) {
+        LoraAdapter ad;
+        ad.layer = spec.layer;
+        ad.slot = s;
+        EXPECT_EQ(ad.keras_path(c) + "/kernel", spec.keras_path);
+      }
+}
+
+TEST(Lora, TrainableCountsMatchKeras) {
+  // Spec §7: L·r·[(N·D+H)+(K·D+H)] = 11,067,392 for Gemma 7B at rank 4.
+  GemmaConfig c7 = gemma_7b_config();
+  LoraWeights w7 = enable_lora(c7, 4, {Slot::Query, Slot::Value}, 1);
+  EXPECT_EQ(w7.num_parameters(), 11067392);
+  const long long formula = 28LL * 4 * ((16LL * 3072 + 256) + (16LL * 3072 + 256));
+  EXPECT_EQ(w7.num_parameters(), formula);
+
+  json info = lora_info();
+  GemmaModel m = tiny_model();
+  LoraWeights w = enable_lora(m.config, info["rank"].get<int>(), parse_lora_targets({}), 7);
+  EXPECT_EQ(w.num_parameters(), info["trainable_params_after_enable_lora"].get<long long>());
+  // Every Keras LoRA variable of lora_info has an adapter with the same shape.
+  for (const json& v : info["variables_after_enable_lora"]) {
+    const std::string path = v["path"];
+    const bool is_a = path.ends_with("/lora_kernel_a"), is_b = path.ends_with("/lora_kernel_b");
+    if (!is_a && !is_b) continue;
+    const std::string layer_path = path.substr(0, path.rfind('/'));
+    bool found = false;
+    for (const LoraAdapter& ad : w.adapters)
+      if (ad.keras_path(m.config) == layer_path) {
+        found = true;
+        EXPECT_EQ(is_a ? ad.a_shape : ad.b_shape, v["shape"].get<Shape>()) << path;
+      }
+    EXPECT_TRUE(found) << path;
+  }
+}
+
+TEST(Lora, HeUniformInitAndZeroB) {
+  GemmaModel m = tiny_model();
+  LoraWeights w = enable_lora(m.config, 3, kAll, 42);
+  EXPECT_EQ(w.rank, 3);
+  EXPECT_EQ(w.alpha, 3.0);
+  EXPECT_EQ(w.scale(), 1.0);
+  EXPECT_EQ(w.adapters.size(), size_t(m.config.num_layers) * kAll.size());
+  for (const LoraAdapter& ad : w.adapters) {
+    int64_t fan_in = 1;
+    for (size_t i = 0; i + 1 < ad.a_shape.size(); ++i) fan_in *= ad.a_shape[i];
+    const float limit = float(std::sqrt(6.0 / double(fan_in)));
+    float max_abs = 0;
+    double mean = 0;
+    for (float v : ad.a) {
+      EXPECT_LE(std::fabs(v), limit);
+      max_abs = std::max(max_abs, std::fabs(v));
+      mean += v;
+    }
+    mean /= double(ad.a.size());
+    EXPECT_GT(max_abs, 0.9f * limit) << ad.keras_path(m.config);  // really spread over ±limit
+    EXPECT_LT(std::fabs(mean), 0.2 * limit) << ad.keras_path(m.config);
+    for (float v : ad.b) EXPECT_EQ(v, 0.f);
+    EXPECT_EQ(ad.grad_a, std::vector<float>(ad.a.size(), 0.f));
+    EXPECT_EQ(ad.grad_b, std::vector<float>(ad.b.size(), 0.f));
+  }
+  // Deterministic in the seed.
+  LoraWeights again = enable_lora(m.config, 3, kAll, 42);
+  LoraWeights other = enable_lora(m.config, 3, kAll, 43);
+  EXPECT_EQ(again.adapters[5].a, w.adapters[5].a);
+  EXPECT_NE(other.adapters[5].a, w.adapters[5].a);
+  EXPECT_EQ(enable_lora(m.config, 2, kAll, 1, 16.0).scale(), 8.0);
+  // Gemma 7B query: limit √(6/(16·3072)) ≈ 0.01105 (spec §7).
+  LoraWeights w7 = enable_lora(gemma_7b_config(), 1, {Slot::Query}, 1);
+  float max7 = 0;
+  for (float v : w7.adapters[0].a) max7 = std::max(max7, std::fabs(v));
+  EXPECT_LE(max7, 0.011049f);
+  EXPECT_GT(max7, 0.0110f);
+}
+
+TEST(Lora, ZeroBLeavesLogitsUnchanged) {
+  GemmaModel base = tiny_model();
+  LoraWeights w = enable_lora(base.config, 2, kAll, 5);
+  GemmaModel merged = merge_lora(base, w);
+  Outputs a = run_forward(base), b = run_forward(merged);
+  EXPECT_EQ(a.logits, b.logits);
+  // Unadapted matrices are shared, not copied.
+  LoraWeights qv = enable_lora(base.config, 2, {Slot::Query, Slot::Value}, 5);
+  GemmaModel merged_qv = merge_lora(base, qv);
+  EXPECT_EQ(merged_qv.embeddings.data, base.embeddings.data);
+  EXPECT_EQ(merged_qv.layers[0].key.data, base.layers[0].key.data);
+  EXPECT_NE(merged_qv.layers[0].query.data, base.layers[0].query.data);
+  EXPECT_EQ(merged_qv.layers[0].query.dtype, DType::F32);
+}
+
+TEST(Lora, MergeWidensBf16) {
+  GemmaModel base = tiny_model();
+  // Make layer 0's query a bf16 matrix, as a bf16 checkpoint would give.
+  WeightMatrix& q = base.layers[0].query;
+  auto bits = std::make_shared<std::vector<uint16_t>>(size_t(q.rows * q.cols));
+  for (int64_t r = 0; r < q.rows; ++r)
+    for (int64_t c = 0; c < q.cols; ++c) (*bits)[size_t(r * q.cols + c)] = f32_to_bf16(q.at(r, c));
+  q.dtype = DType::BF16;
+  q.data = bits->data();
+  q.owner = bits;
+  LoraWeights w = enable_lora(base.config, 2, {Slot::Query}, 4);
+  fill_pseudo_random(w.adapters[0].b, 1, 0.5f);
+  GemmaModel merged = merge_lora(base, w);
+  const WeightMatrix& m = merged.layers[0].query;
+  EXPECT_EQ(m.dtype, DType::F32);
+  std::vector<float> delta = lora_delta(base.config, w.adapters[0], w.scale());
+  for (int64_t r = 0; r < q.rows; ++r)
+    for (int64_t c = 0; c < q.cols; ++c)
+      EXPECT_EQ(m.at(r, c), q.at(r, c) + delta[size_t(r * q.cols + c)]) << r << "," << c;
+}
+
+TEST(Lora, KerasIndexMatchesFixtureAndSpec) {
+  json info = lora_info();
+  GemmaConfig c = tiny_model().config;
+  std::vector<int> expected = info["lora_enabled_layer_indices"].get<std::vector<int>>();
+  std::vector<int> ours;
+  for (int layer = 0; layer < c.num_layers; ++layer)
+    for (Slot s : {Slot::Value, Slot::Query}) ours.push_back(keras_lora_index(c, layer, s));
+  std::sort(ours.begin(), ours.end());
+  EXPECT_EQ(ours, expected);
+  for (const auto& [idx, path] : info["adapter_group_index_to_layer_path"].items()) {
+    bool found = false;
+    for (int layer = 0; layer < c.num_layers; ++layer)
+      for (Slot s : kAll) {
+        LoraAdapter ad;
+        ad.layer = layer;
+        ad.slot = s;
+        if (ad.keras_path(c) == path.get<std::string>()) {
+          EXPECT_EQ(keras_lora_index(c, layer, s), std::stoi(idx)) << path;
+          found = true;
+        }
+      }
+    EXPECT_TRUE(found) << path;
+  }
+  // Spec §3.4 strides: Gemma 2 value 9+13i, query 11+13i; Gemma 3 value 11+15i, query 13+15i.
+  GemmaConfig c2 = tiny_model("gemma2-tiny").config;
+  GemmaConfig c3 = c2;
+  c3.family = 3;
+  c3.use_query_key_norm = true;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(keras_lora_index(c2, i, Slot::Value), 9 + 13 * i);
+    EXPECT_EQ(keras_lora_index(c2, i, Slot::Query), 11 + 13 * i);
+    EXPECT_EQ(keras_lora_index(c3, i, Slot::Value), 11 + 15 * i);
+    EXPECT_EQ(keras_lora_index(c3, i, Slot::Query), 13 + 15 * i);
+  }
+  EXPECT_EQ(keras_lora_index(c, 0, Slot::FfwLinear), 2);
+  EXPECT_EQ(keras_lora_index(c, 1, Slot::AttentionOutput), 18);
+  EXPECT_THROW(keras_lora_index(c, 0, Slot::PreFfwNorm), Error);
+  EXPECT_THROW(keras_lora_index(c, 2, Slot::Query), Error);
+}
+
+TEST(Lora, FixtureAdapterReproducesKerasLogits) {
+  GemmaModel base = tiny_model();
+  LoraWeights w = load_keras_lora(fixture(kLoraDir + "adapter.lora.h5"), base.config);
+  json info = lora_info();
+  EXPECT_EQ(w.rank, info["rank"].get<int>());
+  EXPECT_EQ(w.scale(), 1.0);
+  EXPECT_EQ(w.num_parameters(), info["trainable_params_after_enable_lora"].get<long long>());
+  ASSERT_EQ(w.adapters.size(), 4u);
+  EXPECT_EQ(w.adapters[0].keras_path(base.config), "decoder_block_0/attention/value");  // index 8
+  EXPECT_EQ(w.adapters[1].keras_path(base.config), "decoder_block_0/attention/query");  // index 10
+  GemmaModel merged = merge_lora(base, w);
+  Outputs out = run_forward(merged);
+  const size_t D = size_t(base.config.hidden_dim), V = size_t(base.config.vocab_size);
+  const double dl = max_diff_valid(out.logits, to_f32(read_npy(fixture(kLoraDir + "logits_with_random_lora.npy"))),
+                                   out.mask, V);
+  const double dh = max_diff_valid(
+      out.hidden, to_f32(read_npy(fixture(kLoraDir + "hidden_states_with_random_lora.npy"))), out.mask, D);
+  std::cout << "max |logits - keras| = " << dl << ", max |hidden - keras| = " << dh << "\n";
+  EXPECT_LT(dl, 1e-4);
+  EXPECT_LT(dh, 1e-4);
+  // The adapter really changes the output.
+  EXPECT_GT(max_diff_valid(out.logits, run_forward(base).logits, out.mask, V), 1e-3);
+}
+
+TEST(Lora, MergedKerasCheckpointMatches) {
+  const std::string dir = make_temp_dir("lora-merged");
+  for (const auto& entry : fs::recursive_directory_iterator(fixture("keras/preset-gemma-tiny"))) {
+    const fs::path rel = fs::relative(entry.path(), fixture("keras/preset-gemma-tiny"));
+    if (entry.is_directory()) fs::create_directories(fs::path(dir) / rel);
+    else fs::copy_file(entry.path(), fs::path(dir) / rel);
+  }
+  fs::remove(fs::path(dir) / "model.weights.h5");
+  fs::copy_file(fixture(kLoraDir + "model_with_lora.weights.h5"), fs::path(dir) / "model.weights.h5");
+  GemmaModel keras_merged = load_model(inspect_model_dir(dir));
+  Outputs out = run_forward(keras_merged);
+  const double dl = max_diff_valid(out.logits, to_f32(read_npy(fixture(kLoraDir + "logits_with_random_lora.npy"))),
+                                   out.mask, size_t(keras_merged.config.vocab_size));
+  std::cout << "merged checkpoint: max |logits - keras| = " << dl << "\n";
+  EXPECT_LT(dl, 1e-4);
+  // Our merge equals Keras' merged kernels.
+  GemmaModel base = tiny_model();
+  LoraWeights w = load_keras_lora(fixture(kLoraDir + "adapter.lora.h5"), base.config);
+  GemmaModel ours = merge_lora(base, w);
+  double worst = 0;
+  for (int layer = 0; layer < base.config.num_layers; ++layer)
+    for (Slot s : kAll) worst = std::max(worst, max_matrix_diff(matrix(ours, layer, s), matrix(keras_merged, layer, s)));
+  std::cout << "max |merged kernel - keras merged kernel| = " << worst << "\n";
+  EXPECT_EQ(worst, 0.0);  // Keras saves W + A·B; we compute the same fp32 operations (spec §7)
+}
+
+TEST(Lora, KerasFileRoundTripAndLayout) {
+  GemmaModel base = tiny_model();
+  const std::string src = fixture(kLoraDir + "adapter.lora.h5");
+  LoraWeights w = load_keras_lora(src, base.config);
+  const std::string path = make_temp_dir("lora-h5") + "/out.lora.h5";
+  save_keras_lora(path, base.config, w);
+  LoraWeights back = load_keras_lora(path, base.config);
+  ASSERT_EQ(back.adapters.size(), w.adapters.size());
+  EXPECT_EQ(back.rank, w.rank);
+  EXPECT_EQ(back.alpha, w.alpha);
+  for (size_t i = 0; i < w.adapters.size(); ++i) {
+    EXPECT_EQ(back.adapters[i].layer, w.adapters[i].layer);
+    EXPECT_EQ(back.adapters[i].slot, w.adapters[i].slot);
+    EXPECT_EQ(back.adapters[i].a_shape, w.adapters[i].a_shape);
+    EXPECT_EQ(back.adapters[i].b_shape, w.adapters[i].b_shape);
+    EXPECT_EQ(back.adapters[i].a, w.adapters[i].a);  // bit-identical
+    EXPECT_EQ(back.adapters[i].b, w.adapters[i].b);
+  }
+  // The file we write holds exactly the fixture's datasets.
+  auto ours = read_h5_datasets(path), theirs = read_h5_datasets(src);
+  ASSERT_EQ(ours.size(), theirs.size());
+  for (const auto& [name, t] : theirs) {
+    ASSERT_TRUE(ours.count(name)) << name;
+    const HostTensor& o = ours.at(name);
+    EXPECT_EQ(o.dtype, t.dtype) << name;
+    EXPECT_EQ(o.shape, t.shape) << name;
+    ASSERT_EQ(o.nbytes(), t.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(o.data, t.data, t.nbytes()), 0) << name;
+  }
+  // Freshly enabled adapters on every target round-trip too.
+  LoraWeights all = enable_lora(base.config, 2, kAll, 3);
+  for (LoraAdapter& ad : all.adapters) fill_pseudo_random(ad.b, uint32_t(ad.layer * 10 + int(ad.slot)), 0.1f);
+  const std::string path2 = make_temp_dir("lora-h5") + "/all.lora.h5";
+  save_keras_lora(path2, base.config, all);
+  LoraWeights all_back = load_lora_adapter(path2, base.config);
+  ASSERT_EQ(all_back.adapters.size(), all.adapters.size());
+  for (const LoraAdapter& ad : all.adapters) {
+    bool found = false;
+    for (const LoraAdapter& bd : all_back.adapters)
+      if (bd.layer == ad.layer && bd.slot == ad.slot) {
+        found = true;
+        EXPECT_EQ(bd.a, ad.a);
+        EXPECT_EQ(bd.b, ad.b);
+      }
+    EXPECT_TRUE(found);
+  }
+  EXPECT_THROW(save_keras_lora(make_temp_dir("lora-h5") + "/bad.h5", base.config, w), Error);
+}
+
+// ΔW of every adapter of `a` equals that of `b` (matched by layer and slot) to `tol`.
+double max_delta_diff(const GemmaConfig& c, const LoraWeights& a, const LoraWeights& b) {
+  EXPECT_EQ(a.adapters.size(), b.adapters.size());
+  double worst = 0;
+  for (const LoraAdapter& x : a.adapters) {
+    bool found = false;
+    for (const LoraAdapter& y : b.adapters) {
+      if (x.layer != y.layer || x.slot != y.slot) continue;
+      found = true;
+      std::vector<float> dx = lora_delta(c, x, a.scale()), dy = lora_delta(c, y, b.scale());
+      EXPECT_EQ(dx.size(), dy.size());
+      for (size_t i = 0; i < dx.size(); ++i) worst = std::max(worst, double(std::fabs(dx[i] - dy[i])));
+    }
+    EXPECT_TRUE(found) << x.keras_path(c);
+  }
+  return worst;
+}
+
+TEST(Lora, PeftExportIsExact) {
+  for (std::string name : {"gemma-tiny", "gemma2-tiny"}) {
+    GemmaModel base = tiny_model(name);
+    const GemmaConfig& c = base.config;
+    LoraWeights w = enable_lora(c, 2, kAll, 11, 3.0);  // scale 1.5, so the patterns matter
+    for (LoraAdapter& ad : w.adapters) fill_pseudo_random(ad.b, uint32_t(ad.layer * 100 + int(ad.slot)), 0.2f);
+    const std::string dir = make_temp_dir("peft") + "/adapter";
+    save_peft_adapter(dir, c, w);
+    json cfg = json::parse(read_text_file(dir + "/adapter_config.json"));
+    EXPECT_EQ(cfg["peft_type"], "LORA");
+    EXPECT_EQ(cfg["task_type"], "CAUSAL_LM");
+    EXPECT_EQ(cfg["r"], 2);
+    EXPECT_EQ(cfg["lora_alpha"].get<double>(), 3.0);
+    EXPECT_EQ(cfg["target_modules"].size(), 7u);
+    EXPECT_EQ(cfg["rank_pattern"]["q_proj"], c.num_query_heads * 2);
+    EXPECT_EQ(cfg["alpha_pattern"]["q_proj"].get<double>(), 1.5 * c.num_query_heads * 2);
+    EXPECT_FALSE(cfg["rank_pattern"].contains("o_proj"));
+    auto tensors = read_safetensors(dir + "/adapter_model.safetensors");
+    EXPECT_EQ(tensors.size(), w.adapters.size() * 2);
+    EXPECT_EQ(tensors.at("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight").shape,
+              (Shape{c.num_query_heads * 2, c.hidden_dim}));
+    EXPECT_EQ(tensors.at("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight").shape,
+              (Shape{c.hidden_dim, 2}));
+
+    LoraWeights back = load_lora_adapter(dir, c);
+    for (const LoraAdapter& ad : back.adapters) EXPECT_EQ(ad.style, LoraStyle::Peft);
+    const double d = max_delta_diff(c, w, back);
+    std::cout << name << ": max |ΔW keras - ΔW peft| = " << d << "\n";
+    EXPECT_LT(d, 1e-6);
+    GemmaModel m1 = merge_lora(base, w), m2 = merge_lora(base, back);
+    for (int layer = 0; layer < c.num_layers; ++layer)
+      for (Slot s : kAll) EXPECT_LT(max_matrix_diff(matrix(m1, layer, s), matrix(m2, layer, s)), 1e-6);
+
+    // PEFT → PEFT is bit-identical.
+    const std::string dir2 = make_temp_dir("peft") + "/again";
+    save_peft_adapter(dir2, c, back);
+    LoraWeights back2 = load_peft_adapter(dir2, c);
+    ASSERT_EQ(back2.adapters.size(), back.adapters.size());
+    EXPECT_EQ(back2.scale(), back.scale());
+    for (size_t i = 0; i < back.adapters.size(); ++i) {
+      EXPECT_EQ(back2.adapters[i].rank, back.adapters[i].rank);
+      EXPECT_EQ(back2.adapters[i].a, back.adapters[i].a);
+      EXPECT_EQ(back2.adapters[i].b, back.adapters[i].b);
+    }
+    // A PEFT adapter cannot become a .lora.h5 file.
+    EXPECT_THROW(save_keras_lora(dir + "/x.lora.h5", c, back), Error);
+  }
+}
+
+TEST(Lora, PeftFixtureAdapterGivesKerasLogits) {
+  GemmaModel base = tiny_model();
+  LoraWeights w = load_keras_lora(fixture(kLoraDir + "adapter.lora.h5"), base.config);
+  const std::string dir = make_temp_dir("peft-fixture");
+  save_peft_adapter(dir, base.config, w);
+  Outputs out = run_forward(merge_lora(base, load_lora_adapter(dir + "/adapter_config.json", base.config)));
+  const double dl = max_diff_valid(out.logits, to_f32(read_npy(fixture(kLoraDir + "logits_with_random_lora.npy"))),
+                                   out.mask, size_t(base.config.vocab_size));
+  std::cout << "via PEFT: max |logits - keras| = " << dl << "\n";
+  EXPECT_LT(dl, 1e-4);
+}
+
+// f(A, B) = Σ c ⊙ W_eff, so ∂f/∂W_eff = c. Central differences are exact for this bilinear f, up
+// to rounding.
+double objective(const GemmaConfig& config, const LoraAdapter& ad, double scale, const std::vector<float>& c) {
+  std::vector<float> d = lora_delta(config, ad, scale);
+  double f = 0;
+  for (size_t i = 0; i < d.size(); ++i) f += double(c[i]) * double(d[i]);
+  return f;
+}
+
+void check_backward(const GemmaConfig& config, LoraAdapter ad, double scale) {
+  const std::string name = ad.keras_path(config) + (ad.style == LoraStyle::Keras ? " (keras)" : " (peft)");
+  std::vector<float> c(lora_delta(config, ad, scale).size());  // ∂f/∂W_eff, our [out, in] layout
+  fill_pseudo_random(c, 99, 1.0f);
+  ad.grad_a.assign(ad.a.size(), 0.f);
+  ad.grad_b.assign(ad.b.size(), 0.f);
+  lora_backward(config, ad, scale, c.data());
+  // Accumulates: a second call doubles the gradients.
+  LoraAdapter twice = ad;
+  lora_backward(config, twice, scale, c.data());
+  for (size_t i = 0; i < ad.grad_a.size(); i += 7) EXPECT_NEAR(twice.grad_a[i], 2 * ad.grad_a[i], 1e-5) << name;
+
+  const double eps = 1e-2;
+  auto fd = [&](std::vector<float>& param, size_t i) {
+    const float keep = param[i];
+    param[i] = keep + float(eps);
+    const double up = objective(config, ad, scale, c);
+    param[i] = keep - float(eps);
+    const double down = objective(config, ad, scale, c);
+    param[i] = keep;
+    return (up - down) / (2 * eps);
+  };
+  for (size_t i = 0; i < ad.a.size(); i += std::max<size_t>(1, ad.a.size() / 23))
+    EXPECT_NEAR(ad.grad_a[i], fd(ad.a, i), 2e-3 * (1 + std::fabs(ad.grad_a[i]))) << name << " grad_a[" << i << "]";
+  for (size_t i = 0; i < ad.b.size(); i += std::max<size_t>(1, ad.b.size() / 23))
+    EXPECT_NEAR(ad.grad_b[i], fd(ad.b, i), 2e-3 * (1 + std::fabs(ad.grad_b[i]))) << name << " grad_b[" << i << "]";
+
+  // A joint perturbation of A and B along random directions: the directional derivative.
+  std::vector<float> ua(ad.a.size()), ub(ad.b.size());
+  fill_pseudo_random(ua, 5, 1.f);
+  fill_pseudo_random(ub, 6, 1.f);
+  double predicted = 0;
+  for (size_t i = 0; i < ua.size(); ++i) predicted += double(ad.grad_a[i]) * ua[i];
+  for (size_t i = 0; i < ub.size(); ++i) predicted += double(ad.grad_b[i]) * ub[i];
+  auto shifted = [&](double t) {
+    LoraAdapter s = ad;
+    for (size_t i = 0; i < ua.size(); ++i) s.a[i] += float(t * ua[i]);
+    for (size_t i = 0; i < ub.size(); ++i) s.b[i] += float(t * ub[i]);
+    return objective(config, s, scale, c);
+  };
+  const double directional = (shifted(eps) - shifted(-eps)) / (2 * eps);
+  EXPECT_NEAR(predicted, directional, 1e-3 * (1 + std::fabs(predicted))) << name;
+}
+
+TEST(Lora, BackwardMatchesFiniteDifferences) {
+  GemmaModel base = tiny_model("gemma2-tiny");  // K = 2 heads, so per-head structure is exercised
+  const GemmaConfig& c = base.config;
+  LoraWeights w = enable_lora(c, 3, kAll, 21, 4.5);
+  for (LoraAdapter& ad : w.adapters) {
+    if (ad.layer != 0) continue;
+    fill_pseudo_random(ad.b, uint32_t(int(ad.slot) + 1), 0.3f);
+    check_backward(c, ad, w.scale());
+  }
+  // PEFT style: the exported form of the same adapters.
+  const std::string dir = make_temp_dir("peft-grad");
+  for (LoraAdapter& ad : w.adapters) fill_pseudo_random(ad.b, uint32_t(int(ad.slot) + 1), 0.3f);
+  save_peft_adapter(dir, c, w);
+  LoraWeights p = load_peft_adapter(dir, c);
+  for (LoraAdapter& ad : p.adapters) {
+    if (ad.layer != 0) continue;
+    fill_pseudo_random(ad.a, uint32_t(int(ad.slot) + 50), 0.3f);  // fill the block-diagonal zeros too
+    check_backward(c, ad, p.scale());
+  }
+}
+
+TEST(Lora, BackwardKerasEqualsFormula) {
+  // With dW = c: grad_a = scale·dΔK·Bᵀ where dΔK = c in Keras layout; checked on a dense kernel.
+  GemmaModel base = tiny_model();
+  const GemmaConfig& cfg = base.config;
+  LoraWeights w = enable_lora(cfg, 2, {Slot::FfwGating}, 3, 6.0);
+  LoraAdapter ad = w.adapters[0];
+  fill_pseudo_random(ad.b, 8, 0.5f);
+  const int64_t in = ad.a_shape[0], out = ad.b_shape[1], r = 2;
+  std::vector<float> c(size_t(in * out));
+  fill_pseudo_random(c, 9, 1.f);  // ours [out, in]
+  lora_backward(cfg, ad, w.scale(), c.data());
+  for (int64_t i = 0; i < in; i += 5)
+    for (int64_t j = 0; j < r; ++j) {
+      double expect = 0;
+      for (int64_t o = 0; o < out; ++o) expect += double(c[size_t(o * in + i)]) * ad.b[size_t(j * out + o)];
+      EXPECT_NEAR(ad.grad_a[size_t(i * r + j)], w.scale() * expect, 1e-4);
+    }
+}
+
+TEST(Lora, ErrorsNameTheFile) {
+  GemmaModel tiny = tiny_model();
+  GemmaConfig g2 = tiny_model("gemma2-tiny").config;
+  const std::string fixture_path = fixture(kLoraDir + "adapter.lora.h5");
+  // A Gemma 1 adapter on the Gemma 2 model: index 8 is block 0's attention_output there.
+  expect_error([&] { load_keras_lora(fixture_path, g2); }, {fixture_path, "lora/"});
+
+  auto ds = read_h5_datasets(fixture_path);
+  auto write_variant = [&](const std::string& file, auto&& edit) {
+    std::map<std::string, HostTensor> copy = ds;
+    edit(copy);
+    std::vector<std::pair<std::string, HostTensor>> list(copy.begin(), copy.end());
+    const std::string path = make_temp_dir("lora-bad") + "/" + file;
+    write_h5_datasets(path, list);
+    return path;
+  };
+  // A tensor whose rank disagrees with /lora/vars/rank.
+  std::string bad_rank = write_variant("rank.lora.h5", [](auto& m) {
+    m["lora/10/vars/lora_kernel_a"] = HostTensor::allocate(DType::F32, {4, 64, 3});
+  });
+  expect_error([&] { load_keras_lora(bad_rank, tiny.config); }, {bad_rank, "lora/10/vars/lora_kernel_a", "(4, 64, 3)"});
+  // A tensor whose shape does not fit the model.
+  std::string bad_shape = write_variant("shape.lora.h5", [](auto& m) {
+    m["lora/10/vars/lora_kernel_a"] = HostTensor::allocate(DType::F32, {4, 32, 2});
+  });
+  expect_error([&] { load_keras_lora(bad_shape, tiny.config); }, {bad_shape, "lora/10/vars/lora_kernel_a", "(4, 64, 2)"});
+  // An index that is no adaptable kernel (0 = token_embedding).
+  std::string bad_index = write_variant("index.lora.h5", [](auto& m) {
+    m["lora/0/vars/lora_kernel_a"] = m["lora/8/vars/lora_kernel_a"];
+  });
+  expect_error([&] { load_keras_lora(bad_index, tiny.config); }, {bad_index, "lora/0/vars/lora_kernel_a"});
+  std::string no_rank = write_variant("norank.lora.h5", [](auto& m) { m.erase("lora/vars/rank"); });
+  expect_error([&] { load_keras_lora(no_rank, tiny.config); }, {no_rank, "rank"});
+  std::string half = write_variant("half.lora.h5", [](auto& m) { m.erase("lora/8/vars/lora_kernel_b"); });
+  expect_error([&] { load_keras_lora(half, tiny.config); }, {half, "lora/8"});
+
+  // PEFT: a gemma-tiny adapter on the Gemma 2 model, and a tensor with a wrong shape.
+  const std::string dir = make_temp_dir("peft-bad");
+  save_peft_adapter(dir, tiny.config, load_keras_lora(fixture_path, tiny.config));
+  expect_error([&] { load_peft_adapter(dir, g2); }, {dir + "/adapter_model.safetensors", "lora_"});
+  auto tensors = read_safetensors(dir + "/adapter_model.safetensors");
+  tensors["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"] = HostTensor::allocate(DType::F32, {17, 2});
+  write_safetensors(dir + "/adapter_model.safetensors", {tensors.begin(), tensors.end()});
+  expect_error([&] { load_peft_adapter(dir, tiny.config); },
+               {dir + "/adapter_model.safetensors", "layers.1.self_attn.v_proj.lora_B.weight", "(17, 2)"});
+  expect_error([&] { load_lora_adapter(dir + "/nothing-here", tiny.config); }, {dir + "/nothing-here"});
+
+  // validate_lora names the source, the variable and the shapes.
+  LoraWeights w = enable_lora(tiny.config, 2, {Slot::Query}, 1);
+  w.adapters[1].a_shape = {4, 64, 3};
+  expect_error([&] { validate_lora(tiny.config, w, "my-source"); },
+               {"my-source", "decoder_block_1/attention/query", "(4, 64, 3)", "(4, 64, 2)"});
+  LoraWeights far = enable_lora(tiny.config, 2, {Slot::Query}, 1);
+  far.adapters[0].layer = 7;
+  expect_error([&] { validate_lora(tiny.config, far, "src2"); }, {"src2", "layer 7"});
+  LoraWeights norm = enable_lora(tiny.config, 2, {Slot::Query}, 1);
+  norm.adapters[0].slot = Slot::PreFfwNorm;
+  expect_error([&] { validate_lora(tiny.config, norm, "src3"); }, {"src3", "pre_ffw_norm"});
+  EXPECT_THROW(merge_lora(tiny, far), Error);
+}
+
+}  // namespace
