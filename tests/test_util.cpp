@@ -28,10 +28,10 @@ std::string read_text_file(const std::string& path) {
   return ss.str();
 }
 
-CommandResult run_meshtune(const std::string& args, const std::string& env) {
+CommandResult run_meshtune(const std::string& args, const std::string& env, const std::string& launcher) {
   std::string dir = make_temp_dir("cmd");
   std::string out_path = dir + "/out", err_path = dir + "/err";
-  std::string cmd = env + " " + std::string("'") + MESHTUNE_BINARY + "' " + args + " >'" + out_path + "' 2>'" + err_path + "' </dev/null";
+  std::string cmd = env + " " + launcher + std::string("'") + MESHTUNE_BINARY + "' " + args + " >'" + out_path + "' 2>'" + err_path + "' </dev/null";
   int status = std::system(cmd.c_str());
   CommandResult result;
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

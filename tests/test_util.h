@@ -16,8 +16,9 @@ struct CommandResult {
   std::string err;  // stderr
 };
 // Runs the meshtune binary with the given argument string (shell-quoted by the caller).
-// `env` is prepended to the command line, e.g. "VAR=1".
-CommandResult run_meshtune(const std::string& args, const std::string& env = "");
+// `env` is prepended to the command line, e.g. "VAR=1"; `launcher` goes before the binary (e.g.
+// "mpirun -np 2 ").
+CommandResult run_meshtune(const std::string& args, const std::string& env = "", const std::string& launcher = "");
 
 std::string read_text_file(const std::string& path);
 

@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/loading.h"
+#include "cli/mesh_options.h"
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "data/batches.h"
 #include "generate/generate.h"
 #include "model/lora_files.h"
@@ -46,6 +48,7 @@ Runner add_finetune_command(CLI::App& app) {
     uint64_t lora_seed = 0;
     std::vector<std::string> sample_prompts;
     int sample_max_length = 64;
+    MeshOptions mesh;
   };
   auto o = std::make_shared<Options>();
   o->model.add_to(*cmd, /*with_lora=*/false);
@@ -89,6 +92,7 @@ Runner add_finetune_command(CLI::App& app) {
   cmd->add_flag("--no-progress", o->no_progress, "No progress bar");
   cmd->add_option("--sample-prompt", o->sample_prompts, "Generate from this prompt before and after training");
   cmd->add_option("--sample-max-length", o->sample_max_length, "max_length for --sample-prompt (default 64)");
+  o->mesh.add_to(*cmd);
   return [o] {
     namespace fs = std::filesystem;
     check(o->seq_len >= 1, "--seq-len must be at least 1, got ", o->seq_len);
@@ -96,7 +100,7 @@ Runner add_finetune_command(CLI::App& app) {
     check(o->epochs >= 1, "--epochs must be at least 1, got ", o->epochs);
     check(!(o->full && (o->lora_rank > 0 || !o->lora_init.empty())), "--full cannot be combined with LoRA options");
     LoadedModel loaded = load_model_and_tokenizer(o->model, true);
-    const GemmaConfig& config = loaded.model.config;
+    const GemmaConfig config = loaded.model.config;
 
     Dataset dataset = load_dataset(o->data, o->text_field);
     BatchOptions batch_options;
@@ -144,27 +148,40 @@ Runner add_finetune_command(CLI::App& app) {
     fit.progress = !o->no_progress;
     // Test hook for the resume test: a real SIGKILL right after a given step's checkpoint.
     if (const char* kill = std::getenv("MESHTUNE_TEST_KILL_AFTER_STEP")) fit.kill_after_step = std::atoll(kill);
+    if (const char* rank = std::getenv("MESHTUNE_TEST_KILL_RANK"))  // only that rank dies
+      if (world().rank() != std::atoi(rank)) fit.kill_after_step = 0;
 
-    Trainer trainer(loaded.model, lora, fit);
+    std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
+    const bool main_process = !mesh || mesh->comm().rank() == 0;
+    if (!main_process) {
+      fit.log_jsonl.clear();
+      fit.progress = false;
+    }
+    const size_t one_device_bytes = loaded.model.weight_bytes();
+    const std::vector<int> stop_ids = default_stop_token_ids(loaded.model, *loaded.tokenizer);
+    Trainer trainer(std::move(loaded.model), lora, fit, o->mesh.make_distribution(mesh.get(), config));
+    if (mesh && main_process)
+      std::cerr << "mesh " << mesh->describe() << ": this process holds " << trainer.held_weight_bytes()
+                << " bytes of weights (one device would hold " << one_device_bytes << ")\n";
     if (o->resume) {
       check(fs::exists(fit.checkpoint_path), "--resume: no checkpoint at ", fit.checkpoint_path);
       trainer.load_checkpoint(fit.checkpoint_path);
       std::cerr << "resumed from " << fit.checkpoint_path << " at step " << trainer.step() << "\n";
     }
     const long long total = config.num_parameters();
-    std::cerr << (lora ? "LoRA rank " + std::to_string(lora->rank) : std::string("full fine-tuning"))
+    if (main_process) std::cerr << (lora ? "LoRA rank " + std::to_string(lora->rank) : std::string("full fine-tuning"))
               << ": trainable params " << trainer.trainable_count() << ", non-trainable "
               << (lora ? total : 0) << "; " << stream.num_examples() << " examples, " << steps_per_epoch
               << " steps per epoch\n";
 
     GenerateOptions sample;
     sample.max_length = o->sample_max_length;
-    sample.stop_token_ids = default_stop_token_ids(loaded.model, *loaded.tokenizer);
+    sample.stop_token_ids = stop_ids;
     auto print_samples = [&](const char* when) {
       if (o->sample_prompts.empty()) return;
       GemmaModel m = trainer.current_model();
       for (const GeneratedText& r : generate_text(m, *loaded.tokenizer, o->sample_prompts, sample))
-        std::cout << when << ": " << r.text << "\n" << std::flush;
+        if (main_process) std::cout << when << ": " << r.text << "\n" << std::flush;
     };
     print_samples("before");
 
@@ -175,17 +192,19 @@ Runner add_finetune_command(CLI::App& app) {
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
     if (trainer.interrupted()) {
-      std::cerr << "interrupted: saved " << fit.checkpoint_path << " at step " << trainer.step()
+      if (main_process) std::cerr << "interrupted: saved " << fit.checkpoint_path << " at step " << trainer.step()
                 << "; continue with --resume\n";
       return 130;
     }
 
+    GemmaModel final_model = trainer.current_model();  // every process takes part in the gathers
+    if (!main_process) return 0;
     if (lora) {
       save_keras_lora((fs::path(o->out) / "adapter.lora.h5").string(), config, *trainer.lora());
       save_peft_adapter((fs::path(o->out) / "adapter").string(), config, *trainer.lora());
       std::cerr << "wrote " << o->out << "/adapter.lora.h5 (Keras) and " << o->out << "/adapter/ (PEFT)\n";
     } else {
-      save_keras_preset(trainer.current_model(), loaded.dir.tokenizer_path, o->seq_len, (fs::path(o->out) / "model").string());
+      save_keras_preset(final_model, loaded.dir.tokenizer_path, o->seq_len, (fs::path(o->out) / "model").string());
       std::cerr << "wrote " << o->out << "/model (Keras preset)\n";
     }
     nlohmann::json result = {{"steps", trainer.step()}, {"loss", metrics.loss}, {"accuracy", metrics.accuracy},

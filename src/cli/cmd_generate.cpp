@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/loading.h"
+#include "cli/mesh_options.h"
+#include "dist/sharded_model.h"
 #include "generate/generate.h"
 
 namespace meshtune::cli {
@@ -17,6 +19,7 @@ Runner add_generate_command(CLI::App& app) {
     int64_t seed = -1;
     std::vector<int> stop_ids;
     bool no_stop = false, json = false;
+    MeshOptions mesh;
   };
   auto o = std::make_shared<Options>();
   o->model.add_to(*cmd);
@@ -32,8 +35,18 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--stop-token-id", o->stop_ids, "Stop token ids (default: <eos>, and <end_of_turn> on Gemma 3)");
   cmd->add_flag("--no-stop", o->no_stop, "Never stop early: always generate up to --max-length");
   cmd->add_flag("--json", o->json, "Print one JSON object per prompt: prompt, text (the completion), token_ids");
+  o->mesh.add_to(*cmd);
   return [o] {
     LoadedModel loaded = load_model_and_tokenizer(o->model, true);
+    // Under a mesh each process keeps only its blocks of the weights the layout splits, and the
+    // whole model is all-gathered for the forward passes; every process generates the same tokens.
+    std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
+    if (mesh) {
+      const GemmaConfig config = loaded.model.config;
+      ShardedModel sharded(std::move(loaded.model), o->mesh.make_layout(config, mesh.get()), *mesh);
+      loaded.model = sharded.materialize();
+    }
+    const bool main_process = !mesh || mesh->comm().rank() == 0;
     GenerateOptions options;
     options.max_length = o->max_length > 0 ? o->max_length : loaded.dir.sequence_length;
     options.sampler = o->sampler;
@@ -44,6 +57,7 @@ Runner add_generate_command(CLI::App& app) {
     options.stop_token_ids = o->stop_ids.empty() ? default_stop_token_ids(loaded.model, *loaded.tokenizer) : o->stop_ids;
     if (o->no_stop) options.stop_token_ids.clear();
     for (const GeneratedText& r : generate_text(loaded.model, *loaded.tokenizer, o->prompts, options)) {
+      if (!main_process) continue;
       if (o->json) {
         nlohmann::json j = {{"prompt", r.prompt}, {"text", r.completion}, {"token_ids", r.token_ids}};
         std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";

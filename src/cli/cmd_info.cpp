@@ -1,13 +1,18 @@
 // meshtune info MODEL: the config, a Keras-style parameter summary, and every variable with its
-// Keras path, shape and dtype (in `backbone.weights` order).
+// Keras path, shape and dtype (in `backbone.weights` order). With --mesh (and --layout /
+// --layout-rule) also a dry run of the sharding: each variable's PartitionSpec, as the distributed
+// tutorial prints it, and the parameter bytes one device would hold. No processes are started.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "cli/loading.h"
+#include "core/error.h"
+#include "dist/layout.h"
 #include "model/lora.h"
 #include "model/variables.h"
-#include <sstream>
 
 namespace meshtune::cli {
 
@@ -29,6 +34,52 @@ static std::string keras_size(double bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
   return buf;
+}
+
+static std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string t; std::getline(ss, t, ',');) out.push_back(t);
+  return out;
+}
+
+// "1x8" -> {1, 8}. Parsed here rather than through DeviceMesh: a dry run needs no communicator.
+static std::vector<int> parse_mesh_shape(const std::string& text) {
+  std::vector<int> shape;
+  std::stringstream ss(text);
+  for (std::string part; std::getline(ss, part, 'x');) {
+    size_t used = 0;
+    int n = 0;
+    try {
+      n = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    check(used == part.size() && !part.empty() && n > 0, "--mesh '", text,
+          "': expected positive sizes separated by 'x', e.g. 1x8");
+    shape.push_back(n);
+  }
+  check(!shape.empty() && text.back() != 'x', "--mesh '", text, "': expected positive sizes separated by 'x', e.g. 1x8");
+  return shape;
+}
+
+// The mesh axis names: given, or the Keras defaults "batch" (1-D) and "batch,model" (2-D).
+static std::vector<std::string> mesh_axis_names(const std::string& text, const std::vector<int>& shape,
+                                                const std::string& mesh_text) {
+  std::vector<std::string> names;
+  if (text.empty()) {
+    check(shape.size() <= 2, "--mesh ", mesh_text, " has ", shape.size(), " axes: name them with --mesh-axes");
+    names = shape.size() == 1 ? std::vector<std::string>{"batch"} : std::vector<std::string>{"batch", "model"};
+  } else {
+    names = split_commas(text);
+  }
+  check(names.size() == shape.size(), "--mesh ", mesh_text, " has ", shape.size(), " axes but --mesh-axes '", text,
+        "' names ", names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    check(!names[i].empty(), "--mesh-axes '", text, "': empty axis name");
+    for (size_t j = 0; j < i; ++j) check(names[i] != names[j], "--mesh-axes '", text, "': axis '", names[i], "' given twice");
+  }
+  return names;
 }
 
 static const char* stored_dtype(const GemmaModel& m, const VariableSpec& spec) {
@@ -54,19 +105,51 @@ Runner add_info_command(CLI::App& app) {
     ModelOptions model;
     int lora_rank = 0;
     std::string lora_targets = "query,value";
+    std::string mesh;       // "1x8", "" = no sharding table
+    std::string mesh_axes;  // "batch,model"
+    std::string layout;     // JSON file, "auto" (KerasHub map) or "tutorial"
+    std::vector<std::string> layout_rules;  // "REGEX=model,None"
   };
   auto o = std::make_shared<Options>();
   o->model.add_to(*cmd, /*with_lora=*/false);
   cmd->add_option("--lora-rank", o->lora_rank, "Show the summary after enable_lora(rank) (trainable vs non-trainable)");
   cmd->add_option("--lora-targets", o->lora_targets, "LoRA targets for --lora-rank (default query,value)");
+  cmd->add_option("--mesh", o->mesh, "Dry-run sharding on a device mesh, e.g. 1x8 (no processes are started)");
+  cmd->add_option("--mesh-axes", o->mesh_axes, "Mesh axis names (default: batch for 1-D, batch,model for 2-D)");
+  cmd->add_option("--layout", o->layout,
+                  "Layout map: a JSON file {\"regex\": [null, \"model\"]}, auto (KerasHub get_layout_map) or tutorial");
+  cmd->add_option("--layout-rule", o->layout_rules, "Extra layout rule REGEX=axis,axis,... (empty/None = none); repeatable");
   return [o] {
+    // The mesh and layout map first: a bad flag or file fails before the model is read.
+    std::vector<int> mesh_shape;
+    std::vector<std::string> axis_names;
+    LayoutMap layout;
+    std::string layout_label = "none (every variable replicated)";
+    if (o->mesh.empty()) {
+      check(o->mesh_axes.empty() && o->layout.empty() && o->layout_rules.empty(),
+            "--mesh-axes, --layout and --layout-rule need --mesh (e.g. --mesh 1x8)");
+    } else {
+      mesh_shape = parse_mesh_shape(o->mesh);
+      axis_names = mesh_axis_names(o->mesh_axes, mesh_shape, o->mesh);
+      if (o->layout == "auto") {
+        // KerasHub's GemmaBackbone map; Gemma 3 has none in KerasHub, but its paths are the same.
+        layout = LayoutMap::keras_hub_gemma("model", "batch");
+        layout_label = "auto (KerasHub GemmaBackbone.get_layout_map)";
+      } else if (o->layout == "tutorial") {
+        layout = LayoutMap::tutorial_gemma("model");
+        layout_label = "tutorial (Keras distributed tuning guide)";
+      } else if (!o->layout.empty()) {
+        layout = LayoutMap::from_json_file(o->layout);
+        layout_label = o->layout;
+      }
+      for (const auto& rule : o->layout_rules) layout.add_rule_text(rule);
+      if (!o->layout_rules.empty())
+        layout_label = (o->layout.empty() ? std::string("") : layout_label + " + ") + std::to_string(o->layout_rules.size()) +
+                       (o->layout_rules.size() == 1 ? " rule" : " rules") + " from --layout-rule";
+    }
+
     LoadedModel loaded = load_model_and_tokenizer(o->model, false);
     const GemmaConfig& c = loaded.model.config;
-    std::cout << "Model: " << loaded.dir.path << " ("
-              << (loaded.dir.format == ModelFormat::Keras ? "Keras preset" : "Hugging Face checkpoint") << ")\n";
-    std::cout << "Config: " << c.to_keras_json()["config"].dump() << "\n";
-    std::cout << "Family: Gemma " << c.family << ", query scale 1/sqrt(" << c.query_scale_dim << ")"
-              << ", sequence_length " << loaded.dir.sequence_length << "\n\n";
 
     long long total = 0;
     double bytes = 0;
@@ -80,9 +163,7 @@ Runner add_info_command(CLI::App& app) {
     long long trainable = total;
     double trainable_bytes = bytes;
     if (o->lora_rank > 0) {
-      std::vector<std::string> targets;
-      std::stringstream ss(o->lora_targets);
-      for (std::string t; std::getline(ss, t, ',');) targets.push_back(t);
+      std::vector<std::string> targets = split_commas(o->lora_targets);
       LoraWeights lora = enable_lora(c, o->lora_rank, parse_lora_targets(targets), 0);
       trainable = lora.num_parameters();
       trainable_bytes = double(trainable) * 4;
@@ -91,6 +172,38 @@ Runner add_info_command(CLI::App& app) {
         lora_vars.push_back({a.keras_path(c) + "/lora_kernel_b", a.b_shape});
       }
     }
+    // Every variable's spec on the mesh, resolved before anything is printed so a bad layout is
+    // just an error. Bytes per device = stored bytes / product of the axis sizes splitting it.
+    struct Placed {
+      std::string path;
+      Shape shape;
+      PartitionSpec spec;
+      double bytes = 0, device_bytes = 0;
+    };
+    std::vector<Placed> placed;
+    std::vector<std::string> warnings;
+    if (!mesh_shape.empty()) {
+      auto place = [&](const std::string& path, const Shape& shape, size_t elem_bytes) {
+        Placed p{path, shape, layout.resolve(path, shape, mesh_shape, axis_names)};
+        p.bytes = double(num_elements(shape)) * double(elem_bytes);
+        double parts = 1;
+        for (const auto& axis : p.spec)
+          if (axis) parts *= mesh_shape[size_t(std::find(axis_names.begin(), axis_names.end(), *axis) - axis_names.begin())];
+        p.device_bytes = p.bytes / parts;
+        for (auto& w : LayoutMap::warnings_for(path, shape, p.spec, mesh_shape)) warnings.push_back(w);
+        placed.push_back(std::move(p));
+      };
+      for (const auto& v : vars)
+        place(v.keras_path, v.keras_shape,
+              dtype_size(std::string(stored_dtype(loaded.model, v)) == "bfloat16" ? DType::BF16 : DType::F32));
+      for (const auto& [path, shape] : lora_vars) place(path, shape, 4);  // LoRA is always fp32
+    }
+
+    std::cout << "Model: " << loaded.dir.path << " ("
+              << (loaded.dir.format == ModelFormat::Keras ? "Keras preset" : "Hugging Face checkpoint") << ")\n";
+    std::cout << "Config: " << c.to_keras_json()["config"].dump() << "\n";
+    std::cout << "Family: Gemma " << c.family << ", query scale 1/sqrt(" << c.query_scale_dim << ")"
+              << ", sequence_length " << loaded.dir.sequence_length << "\n\n";
     const long long frozen = o->lora_rank > 0 ? total : 0;
     std::cout << "Model: \"" << (c.family == 3 ? "gemma3_causal_lm" : "gemma_causal_lm") << "\"\n";
     std::cout << " Total params: " << with_commas(frozen + trainable) << " (" << keras_size((frozen ? bytes : 0) + trainable_bytes) << ")\n";
@@ -107,6 +220,44 @@ Runner add_info_command(CLI::App& app) {
     for (const auto& [path, shape] : lora_vars)
       std::printf("%-*s  %-22s  %s\n", int(width), path.c_str(), shape_str(shape).c_str(), "float32");
     std::fflush(stdout);
+
+    if (!mesh_shape.empty()) {
+      std::string mesh_desc = "(", axes_desc = "(";
+      long long devices = 1;
+      for (size_t i = 0; i < mesh_shape.size(); ++i) {
+        mesh_desc += (i ? ", " : "") + std::to_string(mesh_shape[i]);
+        axes_desc += (i ? ", '" : "'") + axis_names[i] + "'";
+        devices *= mesh_shape[i];
+      }
+      mesh_desc += mesh_shape.size() == 1 ? ",)" : ")";
+      axes_desc += axis_names.size() == 1 ? ",)" : ")";
+      std::cout << "\nLayout on mesh " << mesh_desc << " " << axes_desc << ", " << devices << " device"
+                << (devices == 1 ? "" : "s") << "; layout map: " << layout_label << "\n";
+      for (const auto& p : placed) width = std::max(width, p.path.size());
+      std::printf("%-*s  %-22s  %s\n", int(width), "Variable path", "Shape", "PartitionSpec");
+      double total_bytes = 0, device_bytes = 0;
+      for (const auto& p : placed) {
+        std::printf("%-*s  %-22s  %s\n", int(width), p.path.c_str(), shape_str(p.shape).c_str(),
+                    partition_spec_str(p.spec).c_str());
+        total_bytes += p.bytes;
+        device_bytes += p.device_bytes;
+      }
+      std::printf("Per-device parameter bytes: %s (%s) of %s (%s) in all\n", with_commas((long long)device_bytes).c_str(),
+                  keras_size(device_bytes).c_str(), with_commas((long long)total_bytes).c_str(),
+                  keras_size(total_bytes).c_str());
+      // The biggest variables no axis splits: the first candidates for a layout rule.
+      std::vector<const Placed*> replicated;
+      for (const auto& p : placed)
+        if (std::none_of(p.spec.begin(), p.spec.end(), [](const auto& axis) { return axis.has_value(); }))
+          replicated.push_back(&p);
+      std::stable_sort(replicated.begin(), replicated.end(), [](const Placed* a, const Placed* b) { return a->bytes > b->bytes; });
+      std::string largest;
+      for (size_t i = 0; i < replicated.size() && i < 3; ++i)
+        largest += (i ? ", " : "") + replicated[i]->path + " (" + with_commas((long long)replicated[i]->bytes) + " B)";
+      std::printf("Largest replicated variables: %s\n", largest.empty() ? "none" : largest.c_str());
+      std::fflush(stdout);
+      for (const auto& w : warnings) std::cerr << "meshtune: " << w << "\n";
+    }
     return 0;
   };
 }

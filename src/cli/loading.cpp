@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "model/lora_files.h"
 
 namespace meshtune::cli {
@@ -14,14 +15,15 @@ LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_toke
   auto t0 = std::chrono::steady_clock::now();
   loaded.model = load_model(loaded.dir, !options.fp32_weights);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cerr << "loaded " << loaded.dir.path << " ("
+  const bool main_process = world().rank() == 0;  // one log line per job, not per rank
+  if (main_process) std::cerr << "loaded " << loaded.dir.path << " ("
             << (loaded.dir.format == ModelFormat::Keras ? "Keras preset" : "Hugging Face checkpoint") << ", Gemma "
             << loaded.model.config.family << ", " << loaded.model.config.num_parameters() << " parameters) in "
             << seconds << " s\n";
   if (!options.lora.empty()) {
     LoraWeights lora = load_lora_adapter(options.lora, loaded.model.config);
     loaded.model = merge_lora(loaded.model, lora);
-    std::cerr << "merged LoRA adapter " << options.lora << " (rank " << lora.rank << ", " << lora.num_parameters()
+    if (main_process) std::cerr << "merged LoRA adapter " << options.lora << " (rank " << lora.rank << ", " << lora.num_parameters()
               << " parameters)\n";
   }
   if (need_tokenizer) {

@@ -7,6 +7,16 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "dist/communicator.h"
+
+// Reports an error and ends the run. Under mpirun the whole job is aborted, so that no other rank
+// is left waiting in a collective for this one.
+[[noreturn]] static void fail_run(const std::string& message) {
+  const std::string line = "meshtune: error: " + message;
+  if (meshtune::launched_by_mpirun()) meshtune::abort_job(line, 1);
+  std::cerr << line << "\n";
+  std::exit(1);
+}
 
 int main(int argc, char** argv) {
   CLI::App app{"meshtune: fine-tune and run Gemma 1/2/3 models (Keras presets and Hugging Face checkpoints)"};
@@ -36,15 +46,10 @@ int main(int argc, char** argv) {
   try {
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run();
-  } catch (const meshtune::Error& e) {
-    std::cerr << "meshtune: error: " << e.what() << "\n";
-    return 1;
   } catch (const std::bad_alloc&) {
-    std::cerr << "meshtune: error: out of memory\n";
-    return 1;
+    fail_run("out of memory");
   } catch (const std::exception& e) {
-    std::cerr << "meshtune: error: " << e.what() << "\n";
-    return 1;
+    fail_run(e.what());
   }
   return 1;
 }

@@ -12,6 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_util.h"
+#include <filesystem>
+#include "dist/sharded_model.h"
 #include "io/safetensors.h"
 #include "model/variables.h"
 #include "train/progress.h"
@@ -19,6 +22,7 @@
 namespace meshtune {
 
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 // A writable fp32 copy of a matrix (full fine-tuning updates weights in place).
 static WeightMatrix writable_copy(const WeightMatrix& m) {
@@ -70,8 +74,9 @@ static SlotRef slot_ref(GemmaModel& m, ModelGradients& g, const VariableSpec& sp
 
 static std::string short_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
-Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOptions& options)
-    : model_(std::move(base)), lora_(std::move(lora)), options_(options) {
+Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOptions& options,
+                 const Distribution& distribution)
+    : model_(std::move(base)), lora_(std::move(lora)), options_(options), dist_(distribution) {
   const GemmaConfig& c = model_.config;
   grads_.layers.assign(size_t(c.num_layers), LayerGradients{});
   if (lora_ && lora_->adapters.empty()) lora_.reset();
@@ -107,22 +112,138 @@ Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOpti
                          grad_storage_[i].data(), ref.size});
     }
   }
+  place_variables();
   optimizer_ = std::make_unique<AdamW>(options_.adamw, params_);
+}
+
+// ---- placement on the mesh --------------------------------------------------------------------
+
+void Trainer::place_variables() {
+  for (const Parameter& p : params_) trainables_.push_back({p.value, p.grad, p.size, ShardSpec{}, {}, {}});
+  if (!dist_.mesh) return;
+  DeviceMesh& mesh = *dist_.mesh;
+  const bool clipping = options_.adamw.clipnorm > 0 || options_.adamw.global_clipnorm > 0;
+  check(!clipping || mesh.size() == 1, "--clipnorm / --global-clipnorm are not supported under a mesh yet "
+        "(they need norms across blocks); use --clipvalue");
+  const GemmaConfig& c = model_.config;
+  // Model variables: trainable (full fine-tuning, in params_ order) or frozen (LoRA).
+  const auto specs = gemma_variables(c);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const VariableSpec& spec = specs[i];
+    if (lora_) break;
+    ShardSpec shard = make_shard_spec(spec.kind, false, spec.keras_shape,
+                                      dist_.layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
+    if (!shard.split()) continue;
+    {
+      Trainable& t = trainables_[i];
+      t.shard = shard;
+      t.block = take_block(t.value, shard);
+      t.block_grad.assign(t.block.size(), 0.f);
+    }
+  }
+  if (lora_) {  // the frozen base: blocks of the split variables only
+    frozen_ = ShardedModel(std::move(model_), dist_.layout, mesh);
+    model_ = frozen_.replicated_part();
+  }
+  // LoRA matrices, in their own (Keras) layout.
+  if (lora_) {
+    for (size_t i = 0; i < lora_->adapters.size(); ++i) {
+      const LoraAdapter& ad = lora_->adapters[i];
+      for (int which = 0; which < 2; ++which) {
+        Trainable& t = trainables_[2 * i + size_t(which)];
+        const Parameter& p = params_[2 * i + size_t(which)];
+        const Shape& shape = which == 0 ? ad.a_shape : ad.b_shape;
+        ShardSpec shard = make_shard_spec(VarKind::Norm, true, shape, dist_.layout.resolve(p.path, shape, mesh), mesh);
+        if (!shard.split()) continue;
+        t.shard = shard;
+        t.block = take_block(t.value, shard);
+        t.block_grad.assign(t.block.size(), 0.f);
+      }
+    }
+  }
+  // The optimizer sees blocks for split variables.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Trainable& t = trainables_[i];
+    if (!t.shard.split()) continue;
+    params_[i].value = t.block.data();
+    params_[i].grad = t.block_grad.data();
+    params_[i].size = t.block.size();
+    params_[i].shape = {t.shard.local[0], t.shard.local[1], t.shard.local[2]};
+  }
+}
+
+GemmaModel Trainer::materialize() const { return frozen_.has_split() ? frozen_.materialize() : model_; }
+
+bool Trainer::is_main_process() const { return !dist_.mesh || dist_.mesh->comm().rank() == 0; }
+
+size_t Trainer::held_weight_bytes() const {
+  if (lora_ && dist_.mesh) return frozen_.held_bytes();
+  size_t bytes = 0;  // full fine-tuning: the blocks the optimizer owns, or whole replicated weights
+  for (const Trainable& t : trainables_) bytes += (t.shard.split() ? t.block.size() : t.size) * 4;
+  return bytes;
+}
+
+Batch Trainer::local_rows(const Batch& batch) const {
+  if (!dist_.mesh) return batch;
+  const int axis = dist_.mesh->axis_index(dist_.batch_axis);
+  if (axis < 0 || dist_.mesh->axis_size(axis) == 1) return batch;
+  const int64_t parts = dist_.mesh->axis_size(axis), c = dist_.mesh->coordinate(axis);
+  check(batch.batch_size % parts == 0, "batch of ", batch.batch_size, " examples is not divisible by the '",
+        dist_.batch_axis, "' mesh axis of size ", parts, " (choose --batch-size as a multiple of it)");
+  const int64_t rows = batch.batch_size / parts, L = batch.seq_len;
+  Batch local;
+  local.batch_size = rows;
+  local.seq_len = L;
+  auto slice = [&](const auto& v) { return std::vector(v.begin() + c * rows * L, v.begin() + (c + 1) * rows * L); };
+  local.token_ids = slice(batch.token_ids);
+  local.padding_mask = slice(batch.padding_mask);
+  local.targets = slice(batch.targets);
+  local.sample_weight = slice(batch.sample_weight);
+  return local;
+}
+
+void Trainer::finish_gradients(LossSums& sums) {
+  if (!dist_.mesh) return;
+  const int axis = dist_.mesh->axis_index(dist_.batch_axis);
+  if (axis >= 0 && dist_.mesh->axis_size(axis) > 1) {
+    Communicator& comm = dist_.mesh->axis_comm(axis);
+    double s[3] = {sums.weighted_ce, sums.weighted_correct, sums.weight};
+    comm.all_reduce_sum(s, 3);
+    sums = {s[0], s[1], s[2]};
+    for (Trainable& t : trainables_) comm.all_reduce_sum(t.grad, t.size);
+  }
+  for (Trainable& t : trainables_)
+    if (t.shard.split()) t.block_grad = take_block(t.grad, t.shard);
+  // Point the optimizer at the fresh block gradients (take_block reallocated them).
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (trainables_[i].shard.split()) params_[i].grad = trainables_[i].block_grad.data();
+}
+
+void Trainer::apply_update(double lr) {
+  optimizer_->step(params_, lr);
+  ++step_;
+  if (!dist_.mesh) return;
+  for (Trainable& t : trainables_)
+    if (t.shard.split()) gather_full(t.block.data(), t.shard, *dist_.mesh, t.value);
 }
 
 long long Trainer::trainable_count() const {
   long long n = 0;
-  for (const Parameter& p : params_) n += (long long)p.size;
+  for (const Trainable& t : trainables_) n += (long long)t.size;  // whole tensors, not blocks
   return n;
 }
 
-GemmaModel Trainer::current_model() const { return lora_ ? merge_lora(model_, *lora_) : model_; }
-
-void Trainer::zero_gradients() {
-  for (const Parameter& p : params_) std::fill(p.grad, p.grad + p.size, 0.f);
+GemmaModel Trainer::current_model() {
+  GemmaModel m = materialize();
+  return lora_ ? merge_lora(m, *lora_) : m;
 }
 
-void Trainer::accumulate_gradients(const Batch& batch, double loss_scale, LossSums& sums) {
+void Trainer::zero_gradients() {
+  for (Trainable& t : trainables_) std::fill(t.grad, t.grad + t.size, 0.f);
+}
+
+void Trainer::accumulate_gradients(const Batch& global_batch, double loss_scale, LossSums& sums) {
+  const Batch batch = local_rows(global_batch);
   TokenBatch tb{batch.batch_size, batch.seq_len, batch.token_ids.data(), batch.padding_mask.data(),
                 batch.targets.data(), batch.sample_weight.data()};
   if (!lora_) {
@@ -133,7 +254,7 @@ void Trainer::accumulate_gradients(const Batch& batch, double loss_scale, LossSu
     return;
   }
   for (auto& g : lora_weight_grads_) std::fill(g.begin(), g.end(), 0.f);
-  GemmaModel merged = merge_lora(model_, *lora_);
+  GemmaModel merged = merge_lora(materialize(), *lora_);
   LossSums s = forward_backward(merged, tb, loss_scale, &grads_);
   for (size_t i = 0; i < lora_->adapters.size(); ++i)
     lora_backward(model_.config, lora_->adapters[i], lora_->scale(), lora_weight_grads_[i].data());
@@ -146,8 +267,8 @@ LossSums Trainer::train_step(const Batch& batch, double learning_rate) {
   zero_gradients();
   LossSums sums;
   accumulate_gradients(batch, 1.0 / double(batch.batch_size * batch.seq_len), sums);
-  optimizer_->step(params_, learning_rate);
-  ++step_;
+  finish_gradients(sums);
+  apply_update(learning_rate);
   return sums;
 }
 
@@ -173,8 +294,9 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::atomic<bool>* stop
   const int64_t steps_per_epoch = (batches + k - 1) / k;
   int64_t total_steps = steps_per_epoch * options_.epochs;
   if (options_.max_steps > 0) total_steps = std::min(total_steps, options_.max_steps);
-  std::FILE* log = options_.log_jsonl.empty() ? nullptr : std::fopen(options_.log_jsonl.c_str(), step_ > 0 ? "a" : "w");
-  check(options_.log_jsonl.empty() || log, options_.log_jsonl, ": cannot open for writing");
+  const bool main_process = is_main_process();
+  std::FILE* log = options_.log_jsonl.empty() || !main_process ? nullptr : std::fopen(options_.log_jsonl.c_str(), step_ > 0 ? "a" : "w");
+  check(options_.log_jsonl.empty() || !main_process || log, options_.log_jsonl, ": cannot open for writing");
   EpochMetrics metrics{epoch_examples_ > 0 ? epoch_loss_sum_ / epoch_examples_ : 0,
                        epoch_weight_ > 0 ? epoch_correct_ / epoch_weight_ : 0};
   const bool terminal = isatty(fileno(stderr));
@@ -182,30 +304,28 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::atomic<bool>* stop
   while (step_ < total_steps) {
     const int64_t epoch = step_ / steps_per_epoch, first = step_ % steps_per_epoch;
     if (first == 0) epoch_loss_sum_ = epoch_examples_ = epoch_correct_ = epoch_weight_ = 0;
-    if (options_.epochs > 1 && options_.progress) std::fprintf(stderr, "Epoch %lld/%d\n", (long long)epoch + 1, options_.epochs);
+    if (options_.epochs > 1 && options_.progress && main_process) std::fprintf(stderr, "Epoch %lld/%d\n", (long long)epoch + 1, options_.epochs);
     const int64_t last = std::min(steps_per_epoch, total_steps - epoch * steps_per_epoch);
     std::unique_ptr<ProgressBar> bar;
-    if (options_.progress) bar = std::make_unique<ProgressBar>(last, stderr, terminal);
+    if (options_.progress && main_process) bar = std::make_unique<ProgressBar>(last, stderr, terminal);
     for (int64_t s = first; s < last; ++s) {
       auto t0 = std::chrono::steady_clock::now();
       zero_gradients();
       const int64_t b0 = s * k, b1 = std::min(batches, b0 + k);
       LossSums sums;
-      double batch_loss_times_b = 0, examples = 0, tokens = 0;
+      double examples = 0, tokens = 0;
+      int64_t seq_len = 1;
       for (int64_t b = b0; b < b1; ++b) {
         Batch batch = data.batch(size_t(epoch), size_t(b));
-        LossSums one;
-        accumulate_gradients(batch, 1.0 / double(batch.batch_size * batch.seq_len * (b1 - b0)), one);
-        batch_loss_times_b += one.weighted_ce / double(batch.seq_len);  // (Σw·CE/(B·T))·B
+        accumulate_gradients(batch, 1.0 / double(batch.batch_size * batch.seq_len * (b1 - b0)), sums);
         examples += double(batch.batch_size);
         tokens += double(batch.batch_size * batch.seq_len);
-        sums.weighted_correct += one.weighted_correct;
-        sums.weight += one.weight;
-        sums.weighted_ce += one.weighted_ce;
+        seq_len = batch.seq_len;
       }
+      finish_gradients(sums);  // sums now cover the whole (global) batch
+      const double batch_loss_times_b = sums.weighted_ce / double(seq_len);  // (Σw·CE/(B·T))·B
       const double lr = options_.schedule.at(step_);
-      optimizer_->step(params_, lr);
-      ++step_;
+      apply_update(lr);
       epoch_loss_sum_ += batch_loss_times_b;
       epoch_examples_ += examples;
       epoch_correct_ += sums.weighted_correct;
@@ -220,7 +340,12 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::atomic<bool>* stop
         std::fprintf(log, "%s\n", line.dump().c_str());
         std::fflush(log);
       }
-      const bool stop = stop_requested && stop_requested->load();
+      bool stop = stop_requested && stop_requested->load();
+      if (dist_.mesh && dist_.mesh->size() > 1) {  // every process stops at the same step
+        double any = stop ? 1 : 0;
+        dist_.mesh->comm().all_reduce_sum(&any, 1);
+        stop = any > 0;
+      }
       if (!options_.checkpoint_path.empty() &&
           (stop || (options_.checkpoint_every > 0 && step_ % options_.checkpoint_every == 0)))
         save_checkpoint(options_.checkpoint_path);
@@ -254,6 +379,11 @@ static HostTensor view_of(const float* data, size_t n) {
   return t;
 }
 
+std::string Trainer::checkpoint_file(const std::string& path) const {
+  if (!dist_.mesh || dist_.mesh->size() == 1) return path;
+  return path + ".step" + std::to_string(step_) + ".rank" + std::to_string(dist_.mesh->comm().rank());
+}
+
 void Trainer::save_checkpoint(const std::string& path) const {
   std::vector<std::pair<std::string, HostTensor>> tensors;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -274,10 +404,43 @@ void Trainer::save_checkpoint(const std::string& path) const {
       {"lora_rank", std::to_string(lora_ ? lora_->rank : 0)},
       {"lora_alpha", exact(lora_ ? lora_->alpha : 0)},
   };
-  write_safetensors(path, tensors, meta);
+  write_safetensors(checkpoint_file(path), tensors, meta);
+  if (!dist_.mesh || dist_.mesh->size() == 1) return;
+  // Sharded: every rank has written its file; rank 0 then switches the manifest to this step
+  // (atomically), and each rank removes its file of the previous checkpoint.
+  DeviceMesh& mesh = *dist_.mesh;
+  mesh.comm().barrier();
+  if (mesh.comm().rank() == 0) {
+    json manifest = {{"format", "meshtune-sharded-checkpoint-1"}, {"step", step_}, {"mesh", mesh.shape()},
+                     {"axes", mesh.axis_names()}, {"files", json::array()}};
+    for (int r = 0; r < mesh.size(); ++r)
+      manifest["files"].push_back(fs::path(path + ".step" + std::to_string(step_) + ".rank" + std::to_string(r)).filename().string());
+    write_file_atomic(path, manifest.dump(2));
+  }
+  mesh.comm().barrier();
+  for (const auto& entry : fs::directory_iterator(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path())) {
+    const std::string name = entry.path().filename().string(), base = fs::path(path).filename().string();
+    const std::string mine = ".rank" + std::to_string(mesh.comm().rank());
+    if (name.rfind(base + ".step", 0) == 0 && name.size() > mine.size() &&
+        name.compare(name.size() - mine.size(), mine.size(), mine) == 0 && entry.path().string() != checkpoint_file(path))
+      fs::remove(entry.path());
+  }
 }
 
-void Trainer::load_checkpoint(const std::string& path) {
+void Trainer::load_checkpoint(const std::string& manifest_or_file) {
+  std::string path = manifest_or_file;
+  const std::string head = read_file(manifest_or_file).substr(0, 1);
+  const int processes = dist_.mesh ? dist_.mesh->size() : 1;
+  if (head == "{") {  // a sharded checkpoint's manifest
+    json manifest = json::parse(read_file(manifest_or_file));
+    check(processes > 1 && manifest.value("mesh", json()) == json(dist_.mesh->shape()), manifest_or_file,
+          ": a sharded checkpoint of mesh ", manifest.value("mesh", json()).dump(), "; resume it on that mesh (this run: ",
+          dist_.mesh ? json(dist_.mesh->shape()).dump() : std::string("one process"), ")");
+    path = (fs::path(manifest_or_file).parent_path() /
+            manifest["files"][size_t(dist_.mesh->comm().rank())].get<std::string>()).string();
+  } else {
+    check(processes == 1, manifest_or_file, ": a single-process checkpoint; resume it without a mesh");
+  }
   std::map<std::string, HostTensor> tensors = read_safetensors(path);
   // The metadata lives in the header; re-read it from the file.
   std::ifstream in(path, std::ios::binary);
@@ -307,6 +470,10 @@ void Trainer::load_checkpoint(const std::string& path) {
   epoch_examples_ = std::stod(meta.value("epoch_examples", "0"));
   epoch_correct_ = std::stod(meta.value("epoch_correct", "0"));
   epoch_weight_ = std::stod(meta.value("epoch_weight", "0"));
+  // Whole working copies follow the restored blocks.
+  if (dist_.mesh)
+    for (Trainable& t : trainables_)
+      if (t.shard.split()) gather_full(t.block.data(), t.shard, *dist_.mesh, t.value);
 }
 
 }  // namespace meshtune

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/batches.h"
+#include "dist/sharded_model.h"
 #include "model/backward.h"
 #include "model/lora.h"
 #include "train/optimizer.h"
@@ -31,6 +32,15 @@ struct FitOptions {
   int64_t kill_after_step = 0;   // tests only: SIGKILL this process after step N's checkpoint
 };
 
+// How training is spread over processes (keras.distribution.ModelParallel / DataParallel): the
+// batch is split over `batch_axis`, and each variable is held as the block its LayoutMap spec gives
+// (replicated when no rule matches). No mesh = one device.
+struct Distribution {
+  DeviceMesh* mesh = nullptr;
+  LayoutMap layout;
+  std::string batch_axis = "batch";
+};
+
 struct EpochMetrics {
   double loss = 0, accuracy = 0;  // running epoch means, as Keras displays them
 };
@@ -39,7 +49,8 @@ class Trainer {
  public:
   // LoRA when `lora` has adapters (base weights frozen), else full-parameter training (every
   // weight becomes a trainable fp32 copy).
-  Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOptions& options);
+  Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOptions& options,
+          const Distribution& distribution = {});
 
   // Runs the epochs; returns the last epoch's metrics. Stops early (after saving a checkpoint) if
   // `stop_requested` becomes true; then `interrupted()` is true.
@@ -50,8 +61,9 @@ class Trainer {
   // One optimizer step on one batch (no accumulation); returns the batch's loss sums.
   LossSums train_step(const Batch& batch, double learning_rate);
 
-  // The model with the current weights (LoRA merged in), for generation and export.
-  GemmaModel current_model() const;
+  // The model with the current weights (LoRA merged in), for generation and export. Under a mesh
+  // every process takes part (split variables are all-gathered).
+  GemmaModel current_model();
   const std::optional<LoraWeights>& lora() const { return lora_; }
   const GemmaModel& trainable_model() const { return model_; }
   std::vector<Parameter>& parameters() { return params_; }
@@ -59,13 +71,38 @@ class Trainer {
   bool interrupted() const { return interrupted_; }
   long long trainable_count() const;
 
+  // Under a mesh of n > 1 processes each writes `path.rank<k>` (its blocks) and rank 0 writes
+  // `path` as a manifest naming the mesh and files.
   void save_checkpoint(const std::string& path) const;
   void load_checkpoint(const std::string& path);
+  bool is_main_process() const;  // rank 0 (or no mesh): the one that prints and writes shared files
+  // Bytes of model weights this process holds persistently (blocks of split variables, whole
+  // replicated ones) — what sharding saves.
+  size_t held_weight_bytes() const;
 
  private:
-  void accumulate_gradients(const Batch& batch, double loss_scale, LossSums& sums);
-  void zero_gradients();
+  // A trainable tensor: the whole working copy that forward/backward use and, when its layout
+  // splits it, this process' block, which the optimizer updates.
+  struct Trainable {
+    float* value = nullptr;
+    float* grad = nullptr;
+    size_t size = 0;
+    ShardSpec shard;
+    std::vector<float> block, block_grad;
+  };
 
+  void place_variables();
+  GemmaModel materialize() const;  // model_ with the frozen split variables all-gathered
+  Batch local_rows(const Batch& batch) const;  // this process' slice of the batch axis
+  void accumulate_gradients(const Batch& batch, double loss_scale, LossSums& sums);
+  void finish_gradients(LossSums& sums);  // sum over the batch axis, cut blocks
+  void apply_update(double lr);           // AdamW on blocks, then refresh whole copies
+  void zero_gradients();
+  std::string checkpoint_file(const std::string& path) const;
+
+  Distribution dist_;
+  std::vector<Trainable> trainables_;
+  ShardedModel frozen_;  // LoRA under a mesh: the frozen base, split variables as blocks
   GemmaModel model_;                  // LoRA: the frozen base; full: writable fp32 weights
   std::optional<LoraWeights> lora_;
   FitOptions options_;

@@ -1,0 +1,34 @@
+// The distribution flags shared by finetune and generate: --mesh 1x8 --mesh-axes batch,model
+// --layout FILE|auto|tutorial --layout-rule 'REGEX=,model' (Keras' DeviceMesh + LayoutMap +
+// ModelParallel(batch_dim_name="batch")).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "dist/layout.h"
+#include "dist/mesh.h"
+#include "model/config.h"
+#include "train/trainer.h"
+
+namespace meshtune::cli {
+
+struct MeshOptions {
+  std::string mesh;          // "" = one device per process count: (world size,) DataParallel
+  std::string axes;          // default "batch,model" (2-D) / "batch" (1-D)
+  std::string layout;        // JSON file, "auto" (KerasHub's Gemma map) or "tutorial"; "" = replicated
+  std::vector<std::string> rules;
+  std::string batch_axis = "batch";
+  void add_to(CLI::App& app);
+
+  // The mesh over this job's processes (nullptr for a plain one-process run without --mesh).
+  std::unique_ptr<DeviceMesh> make_mesh() const;
+  // With `auto`, key/value kernels are replicated over the model axis (with a warning) when the
+  // model's KV heads do not divide it — KerasHub's map fails there (keras-hub#1613).
+  LayoutMap make_layout(const GemmaConfig& config, const DeviceMesh* mesh) const;
+  Distribution make_distribution(DeviceMesh* mesh, const GemmaConfig& config) const;
+};
+
+}  // namespace meshtune::cli

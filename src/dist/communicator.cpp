@@ -1,0 +1,218 @@
+// Communicators: OpenMPI under mpirun, a one-member copy-only communicator otherwise.
+#include "dist/communicator.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+#include "core/error.h"
+
+namespace meshtune {
+
+namespace {
+
+// Largest element count passed to one MPI call (MPI counts are int). Tests lower it to exercise
+// the chunked paths with small buffers.
+size_t g_max_mpi_count = size_t(INT_MAX);
+
+void check_root(int root, int size, const char* op) {
+  check(root >= 0 && root < size, "communicator ", op, ": root ", root, " is not a member (size ",
+        size, ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// One process: every collective is the identity (or a copy).
+
+class SingleCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(float*, size_t) override {}
+  void all_reduce_sum(double*, size_t) override {}
+  void all_gather(const float* in, size_t count, float* out) override { copy(in, count, out); }
+  void reduce_scatter_sum(const float* in, size_t count, float* out) override {
+    copy(in, count, out);
+  }
+  void broadcast(float*, size_t, int root) override { check_root(root, 1, "broadcast"); }
+  void broadcast_bytes(std::string&, int root) override { check_root(root, 1, "broadcast_bytes"); }
+  void barrier() override {}
+  std::unique_ptr<Communicator> split(int color, int) override {
+    check(color >= 0, "communicator split: color must be non-negative, got ", color);
+    return std::make_unique<SingleCommunicator>();
+  }
+
+ private:
+  static void copy(const float* in, size_t count, float* out) {
+    if (count > 0 && in != out) std::memmove(out, in, count * sizeof(float));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// MPI.
+
+bool mpi_active() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+void finalize_mpi_at_exit() {
+  // Guard: someone else (or an earlier handler) may already have finalised.
+  if (mpi_active()) MPI_Finalize();
+}
+
+// Turns an MPI return code into an Error naming the operation.
+void check_mpi(int rc, const char* op) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS) {
+    std::snprintf(text, sizeof(text), "MPI error code %d", rc);
+  }
+  fail("MPI ", op, " failed: ", text);
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  // `owned`: the communicator came from MPI_Comm_split and is freed with this object.
+  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+    // Errors come back as codes (then Error) instead of MPI's default job abort.
+    check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "Comm_set_errhandler");
+    check_mpi(MPI_Comm_rank(comm_, &rank_), "Comm_rank");
+    check_mpi(MPI_Comm_size(comm_, &size_), "Comm_size");
+  }
+  ~MpiCommunicator() override {
+    // A communicator outliving MPI (a static object) cannot be freed any more; nothing to do then.
+    if (owned_ && mpi_active()) MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce_sum(float* data, size_t count) override {
+    all_reduce(data, count, MPI_FLOAT, sizeof(float));
+  }
+  void all_reduce_sum(double* data, size_t count) override {
+    all_reduce(data, count, MPI_DOUBLE, sizeof(double));
+  }
+
+  void all_gather(const float* in, size_t count, float* out) override {
+    // The output interleaves members, so chunks would need strided types; reject instead.
+    check(count <= g_max_mpi_count, "communicator all_gather: ", count,
+          " elements per member exceed the MPI limit of ", g_max_mpi_count);
+    check_mpi(MPI_Allgather(in, int(count), MPI_FLOAT, out, int(count), MPI_FLOAT, comm_),
+              "Allgather");
+  }
+
+  void reduce_scatter_sum(const float* in, size_t count, float* out) override {
+    check(count <= g_max_mpi_count, "communicator reduce_scatter_sum: ", count,
+          " elements per member exceed the MPI limit of ", g_max_mpi_count);
+    check_mpi(MPI_Reduce_scatter_block(in, out, int(count), MPI_FLOAT, MPI_SUM, comm_),
+              "Reduce_scatter_block");
+  }
+
+  void broadcast(float* data, size_t count, int root) override {
+    check_root(root, size_, "broadcast");
+    bcast(data, count, MPI_FLOAT, sizeof(float), root);
+  }
+
+  void broadcast_bytes(std::string& bytes, int root) override {
+    check_root(root, size_, "broadcast_bytes");
+    uint64_t length = bytes.size();
+    check_mpi(MPI_Bcast(&length, 1, MPI_UINT64_T, root, comm_), "Bcast (length)");
+    if (rank_ != root) bytes.resize(size_t(length));
+    bcast(bytes.data(), size_t(length), MPI_BYTE, 1, root);
+  }
+
+  void barrier() override { check_mpi(MPI_Barrier(comm_), "Barrier"); }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    check(color >= 0, "communicator split: color must be non-negative, got ", color);
+    MPI_Comm sub = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "Comm_split");
+    return std::make_unique<MpiCommunicator>(sub, true);
+  }
+
+ private:
+  // Counts above the int limit go in consecutive chunks: element-wise operations, so the result is
+  // the same, and the chunking depends only on `count`, so every member agrees on it.
+  void all_reduce(void* data, size_t count, MPI_Datatype type, size_t element_size) {
+    char* bytes = static_cast<char*>(data);
+    for (size_t done = 0; done < count;) {
+      size_t n = std::min(count - done, g_max_mpi_count);
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, bytes + done * element_size, int(n), type, MPI_SUM,
+                              comm_),
+                "Allreduce");
+      done += n;
+    }
+  }
+
+  void bcast(void* data, size_t count, MPI_Datatype type, size_t element_size, int root) {
+    char* bytes = static_cast<char*>(data);
+    for (size_t done = 0; done < count;) {
+      size_t n = std::min(count - done, g_max_mpi_count);
+      check_mpi(MPI_Bcast(bytes + done * element_size, int(n), type, root, comm_), "Bcast");
+      done += n;
+    }
+  }
+
+  MPI_Comm comm_;
+  bool owned_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+std::unique_ptr<Communicator> make_world() {
+  if (!launched_by_mpirun()) return make_single_communicator();
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    // FUNNELED: OpenMP threads run inside a rank, but only the main thread calls MPI.
+    int provided = 0;
+    check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "Init_thread");
+    check(provided >= MPI_THREAD_FUNNELED, "MPI provides thread level ", provided,
+          ", below MPI_THREAD_FUNNELED");
+    std::atexit(finalize_mpi_at_exit);
+  }
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
+}
+
+}  // namespace
+
+// Test hook (declared by the tests that use it, not in the header): lowers the per-call MPI
+// element limit so the chunked paths run with small buffers. 0 restores the default.
+void set_max_mpi_count_for_testing(size_t count) {
+  g_max_mpi_count = count == 0 ? size_t(INT_MAX) : std::min(count, size_t(INT_MAX));
+}
+
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+Communicator& world() {
+  static std::unique_ptr<Communicator> comm = make_world();
+  return *comm;
+}
+
+std::unique_ptr<Communicator> make_single_communicator() {
+  return std::make_unique<SingleCommunicator>();
+}
+
+void abort_job(const std::string& message, int code) {
+  std::cout.flush();  // keep what this rank already printed
+  std::cerr << message << std::endl;
+  // MPI_Abort ends every rank; a plain exit would leave the peers blocked in a collective.
+  if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+}  // namespace meshtune

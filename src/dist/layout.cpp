@@ -1,0 +1,206 @@
+// LayoutMap (spec §10): exact key, else the single full-matching regex, else replicated; resolve()
+// checks a spec against a variable's shape and the mesh so a bad layout fails before any work.
+#include "dist/layout.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace meshtune {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Compiles a key as an ECMAScript regex; the error names the key (std::regex's own text does not).
+std::regex compile_key(const std::string& key) {
+  try {
+    return std::regex(key, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    fail("layout rule '", key, "' is not a valid regex: ", e.what());
+  }
+}
+
+std::string trim(const std::string& s) {
+  size_t begin = s.find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) return "";
+  size_t end = s.find_last_not_of(" \t\r\n");
+  return s.substr(begin, end - begin + 1);
+}
+
+std::string join_axes(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
+  return out;
+}
+
+}  // namespace
+
+std::string partition_spec_str(const PartitionSpec& spec) {
+  std::string out = "PartitionSpec(";
+  for (size_t i = 0; i < spec.size(); ++i) {
+    if (i) out += ", ";
+    out += spec[i] ? "'" + *spec[i] + "'" : "None";
+  }
+  return out + ")";
+}
+
+void LayoutMap::add(const std::string& key, const PartitionSpec& spec) {
+  check(!key.empty(), "layout rule has an empty key");
+  for (const auto& [existing, _] : rules_)
+    check(existing != key, "layout rule '", key, "' is given twice");
+  std::regex regex = compile_key(key);  // a broken regex fails here, not at the first lookup
+  for (const auto& axis : spec)
+    check(!axis || !axis->empty(), "layout rule '", key, "' has an empty axis name (use null/None for none)");
+  rules_.emplace_back(key, spec);
+  regexes_.push_back(std::move(regex));
+}
+
+LayoutMap LayoutMap::from_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(bool(in), "layout file ", path, ": cannot be opened");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    fail("layout file ", path, ": not valid JSON: ", e.what());
+  }
+  check(j.is_object(), "layout file ", path, ": expected a JSON object {\"regex\": [null, \"model\"], ...}");
+  LayoutMap map;
+  for (const auto& [key, value] : j.items()) {
+    check(value.is_array(), "layout file ", path, ": rule '", key,
+          "' must be an array of axis names or null, got ", value.dump());
+    PartitionSpec spec;
+    for (const auto& entry : value) {
+      if (entry.is_null()) {
+        spec.push_back(std::nullopt);
+      } else {
+        check(entry.is_string(), "layout file ", path, ": rule '", key,
+              "' must be an array of axis names or null, got ", value.dump());
+        spec.push_back(entry.get<std::string>());
+      }
+    }
+    try {
+      map.add(key, spec);
+    } catch (const Error& e) {
+      fail("layout file ", path, ": ", e.what());
+    }
+  }
+  return map;
+}
+
+void LayoutMap::add_rule_text(const std::string& text) {
+  // Split at the LAST '=': a regex may contain '=' (e.g. a lookahead "(?=...)"), an axis list never does.
+  size_t eq = text.rfind('=');
+  check(eq != std::string::npos, "layout rule '", text, "' has no '=' (expected REGEX=axis,axis,... e.g. 'decoder_block.*ffw_linear.kernel=model,None')");
+  std::string key = text.substr(0, eq), axes = text.substr(eq + 1);
+  check(!key.empty(), "layout rule '", text, "' has an empty regex before '='");
+  check(!trim(axes).empty(), "layout rule '", text, "' has no axis entries after '=' (use None for a replicated dimension)");
+  PartitionSpec spec;
+  std::stringstream ss(axes);
+  std::string entry;
+  while (std::getline(ss, entry, ',')) {
+    entry = trim(entry);
+    if (entry.empty() || entry == "None" || entry == "null") spec.push_back(std::nullopt);
+    else spec.push_back(entry);
+  }
+  if (!axes.empty() && axes.back() == ',') spec.push_back(std::nullopt);  // getline drops a trailing empty entry
+  add(key, spec);
+}
+
+LayoutMap LayoutMap::keras_hub_gemma(const std::string& model_axis, const std::string& batch_axis) {
+  // KerasHub GemmaBackbone.get_layout_map: the model axis on heads / vocabulary / FFW width, the data
+  // axis on the hidden dimension (FSDP-style).
+  LayoutMap map;
+  map.add("token_embedding/embeddings", {model_axis, batch_axis});
+  map.add("decoder_block.*attention.*(query|key|value).kernel", {model_axis, batch_axis, std::nullopt});
+  map.add("decoder_block.*attention_output.kernel", {model_axis, std::nullopt, batch_axis});
+  map.add("decoder_block.*ffw_gating.kernel", {batch_axis, model_axis});
+  map.add("decoder_block.*ffw_gating_2.kernel", {batch_axis, model_axis});
+  map.add("decoder_block.*ffw_linear.kernel", {model_axis, batch_axis});
+  return map;
+}
+
+LayoutMap LayoutMap::tutorial_gemma(const std::string& model_axis) {
+  // The tutorial's current code (spec §10 "new TUT"); "ffw_gating.*kernel" also covers ffw_gating_2.
+  LayoutMap map;
+  map.add("token_embedding/embeddings", {model_axis, std::nullopt});
+  map.add("decoder_block.*attention.*(query|key|value).*kernel", {model_axis, std::nullopt, std::nullopt});
+  map.add("decoder_block.*attention_output.*kernel", {model_axis, std::nullopt, std::nullopt});
+  map.add("decoder_block.*ffw_gating.*kernel", {std::nullopt, model_axis});
+  map.add("decoder_block.*ffw_linear.*kernel", {model_axis, std::nullopt});
+  return map;
+}
+
+std::optional<std::pair<std::string, PartitionSpec>> LayoutMap::lookup_rule(const std::string& path) const {
+  for (const auto& rule : rules_)
+    if (rule.first == path) return rule;
+  const std::pair<std::string, PartitionSpec>* found = nullptr;
+  for (size_t i = 0; i < rules_.size(); ++i) {
+    if (!std::regex_match(path, regexes_[i])) continue;  // full match, as Keras ≥ 3.14 (re.fullmatch)
+    check(!found, "variable ", path, " matches more than one layout rule: '", found ? found->first : "", "' and '",
+          rules_[i].first, "' (each variable may match at most one rule)");
+    found = &rules_[i];
+  }
+  if (!found) return std::nullopt;
+  return *found;
+}
+
+std::optional<PartitionSpec> LayoutMap::lookup(const std::string& path) const {
+  auto rule = lookup_rule(path);
+  if (!rule) return std::nullopt;
+  return rule->second;
+}
+
+PartitionSpec LayoutMap::resolve(const std::string& path, const Shape& shape, const DeviceMesh& mesh) const {
+  return resolve(path, shape, mesh.shape(), mesh.axis_names());
+}
+
+PartitionSpec LayoutMap::resolve(const std::string& path, const Shape& shape, const std::vector<int>& mesh_shape,
+                                 const std::vector<std::string>& axis_names) const {
+  check(mesh_shape.size() == axis_names.size(), "mesh has ", mesh_shape.size(), " sizes but ", axis_names.size(),
+        " axis names");
+  auto rule = lookup_rule(path);
+  if (!rule) return PartitionSpec(shape.size(), std::nullopt);
+  const std::string& key = rule->first;
+  const PartitionSpec& spec = rule->second;
+  check(spec.size() == shape.size(), "layout rule '", key, "' gives ", spec.size(), " entries for ", path,
+        " of shape ", shape_str(shape), " (rank ", shape.size(), ")");
+  for (size_t d = 0; d < spec.size(); ++d) {
+    if (!spec[d]) continue;
+    const std::string& axis = *spec[d];
+    size_t a = 0;
+    while (a < axis_names.size() && axis_names[a] != axis) ++a;
+    check(a < axis_names.size(), "layout rule '", key, "': dimension ", d, " of ", path, ": axis '", axis,
+          "' is not a mesh axis (mesh axes: ", join_axes(axis_names), ")");
+    for (size_t e = 0; e < d; ++e)
+      check(spec[e] != spec[d], "layout rule '", key, "': axis '", axis, "' is used for both dimension ", e,
+            " and dimension ", d, " of ", path, " (an axis may split one dimension only)");
+    int size = mesh_shape[a];
+    check(shape[d] % size == 0, "layout rule '", key, "': dimension ", d, " (size ", shape[d], ") of ", path,
+          " is not divisible by axis '", axis, "' of size ", size);
+  }
+  return spec;
+}
+
+std::vector<std::string> LayoutMap::warnings_for(const std::string& path, const Shape& shape,
+                                                 const PartitionSpec& spec, const std::vector<int>& mesh_shape) {
+  long long devices = 1;
+  for (int s : mesh_shape) devices *= s;
+  bool replicated = true;
+  for (const auto& axis : spec) replicated = replicated && !axis;
+  double bytes = double(num_elements(shape)) * 4;
+  std::vector<std::string> out;
+  if (devices > 1 && replicated && bytes >= 1024.0 * 1024.0) {
+    std::ostringstream msg;
+    msg << "warning: " << path << " " << shape_str(shape) << " (" << bytes / (1024.0 * 1024.0)
+        << " MiB as fp32) is replicated (no mesh axis splits it) on all " << devices << " devices";
+    out.push_back(msg.str());
+  }
+  return out;
+}
+
+}  // namespace meshtune
