@@ -43,7 +43,7 @@ Runner add_generate_command(CLI::App& app) {
     std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
     if (mesh) {
       const GemmaConfig config = loaded.model.config;
-      ShardedModel sharded(std::move(loaded.model), o->mesh.make_layout(config, mesh.get()), *mesh);
+      ShardedModel sharded(std::move(loaded.model), o->mesh.make_layout(config, mesh->shape(), mesh->axis_names()), *mesh);
       loaded.model = sharded.materialize();
     }
     const bool main_process = !mesh || mesh->comm().rank() == 0;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/loading.h"
+#include "cli/mesh_options.h"
 #include "core/error.h"
 #include "dist/layout.h"
 #include "model/lora.h"
@@ -44,44 +45,6 @@ static std::vector<std::string> split_commas(const std::string& text) {
 }
 
 // "1x8" -> {1, 8}. Parsed here rather than through DeviceMesh: a dry run needs no communicator.
-static std::vector<int> parse_mesh_shape(const std::string& text) {
-  std::vector<int> shape;
-  std::stringstream ss(text);
-  for (std::string part; std::getline(ss, part, 'x');) {
-    size_t used = 0;
-    int n = 0;
-    try {
-      n = std::stoi(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    check(used == part.size() && !part.empty() && n > 0, "--mesh '", text,
-          "': expected positive sizes separated by 'x', e.g. 1x8");
-    shape.push_back(n);
-  }
-  check(!shape.empty() && text.back() != 'x', "--mesh '", text, "': expected positive sizes separated by 'x', e.g. 1x8");
-  return shape;
-}
-
-// The mesh axis names: given, or the Keras defaults "batch" (1-D) and "batch,model" (2-D).
-static std::vector<std::string> mesh_axis_names(const std::string& text, const std::vector<int>& shape,
-                                                const std::string& mesh_text) {
-  std::vector<std::string> names;
-  if (text.empty()) {
-    check(shape.size() <= 2, "--mesh ", mesh_text, " has ", shape.size(), " axes: name them with --mesh-axes");
-    names = shape.size() == 1 ? std::vector<std::string>{"batch"} : std::vector<std::string>{"batch", "model"};
-  } else {
-    names = split_commas(text);
-  }
-  check(names.size() == shape.size(), "--mesh ", mesh_text, " has ", shape.size(), " axes but --mesh-axes '", text,
-        "' names ", names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    check(!names[i].empty(), "--mesh-axes '", text, "': empty axis name");
-    for (size_t j = 0; j < i; ++j) check(names[i] != names[j], "--mesh-axes '", text, "': axis '", names[i], "' given twice");
-  }
-  return names;
-}
-
 static const char* stored_dtype(const GemmaModel& m, const VariableSpec& spec) {
   const DecoderLayerWeights* l = spec.layer >= 0 ? &m.layers[size_t(spec.layer)] : nullptr;
   const WeightMatrix* w = nullptr;
@@ -105,51 +68,30 @@ Runner add_info_command(CLI::App& app) {
     ModelOptions model;
     int lora_rank = 0;
     std::string lora_targets = "query,value";
-    std::string mesh;       // "1x8", "" = no sharding table
-    std::string mesh_axes;  // "batch,model"
-    std::string layout;     // JSON file, "auto" (KerasHub map) or "tutorial"
-    std::vector<std::string> layout_rules;  // "REGEX=model,None"
+    MeshOptions mesh;  // --mesh "1x8" ("" = no sharding table), --mesh-axes, --layout, --layout-rule
   };
   auto o = std::make_shared<Options>();
   o->model.add_to(*cmd, /*with_lora=*/false);
   cmd->add_option("--lora-rank", o->lora_rank, "Show the summary after enable_lora(rank) (trainable vs non-trainable)");
   cmd->add_option("--lora-targets", o->lora_targets, "LoRA targets for --lora-rank (default query,value)");
-  cmd->add_option("--mesh", o->mesh, "Dry-run sharding on a device mesh, e.g. 1x8 (no processes are started)");
-  cmd->add_option("--mesh-axes", o->mesh_axes, "Mesh axis names (default: batch for 1-D, batch,model for 2-D)");
-  cmd->add_option("--layout", o->layout,
-                  "Layout map: a JSON file {\"regex\": [null, \"model\"]}, auto (KerasHub get_layout_map) or tutorial");
-  cmd->add_option("--layout-rule", o->layout_rules, "Extra layout rule REGEX=axis,axis,... (empty/None = none); repeatable");
+  o->mesh.add_to(*cmd);  // a dry run here: no processes are started
   return [o] {
-    // The mesh and layout map first: a bad flag or file fails before the model is read.
+    // The mesh flags first: a bad flag fails before the model is read.
     std::vector<int> mesh_shape;
     std::vector<std::string> axis_names;
-    LayoutMap layout;
-    std::string layout_label = "none (every variable replicated)";
-    if (o->mesh.empty()) {
-      check(o->mesh_axes.empty() && o->layout.empty() && o->layout_rules.empty(),
+    const MeshOptions& m = o->mesh;
+    if (m.mesh.empty()) {
+      check(m.axes.empty() && m.layout.empty() && m.rules.empty(),
             "--mesh-axes, --layout and --layout-rule need --mesh (e.g. --mesh 1x8)");
     } else {
-      mesh_shape = parse_mesh_shape(o->mesh);
-      axis_names = mesh_axis_names(o->mesh_axes, mesh_shape, o->mesh);
-      if (o->layout == "auto") {
-        // KerasHub's GemmaBackbone map; Gemma 3 has none in KerasHub, but its paths are the same.
-        layout = LayoutMap::keras_hub_gemma("model", "batch");
-        layout_label = "auto (KerasHub GemmaBackbone.get_layout_map)";
-      } else if (o->layout == "tutorial") {
-        layout = LayoutMap::tutorial_gemma("model");
-        layout_label = "tutorial (Keras distributed tuning guide)";
-      } else if (!o->layout.empty()) {
-        layout = LayoutMap::from_json_file(o->layout);
-        layout_label = o->layout;
-      }
-      for (const auto& rule : o->layout_rules) layout.add_rule_text(rule);
-      if (!o->layout_rules.empty())
-        layout_label = (o->layout.empty() ? std::string("") : layout_label + " + ") + std::to_string(o->layout_rules.size()) +
-                       (o->layout_rules.size() == 1 ? " rule" : " rules") + " from --layout-rule";
+      mesh_shape = m.shape(1);
+      axis_names = m.axis_names(mesh_shape);
     }
+    const std::string layout_label = m.layout_label();
 
     LoadedModel loaded = load_model_and_tokenizer(o->model, false);
     const GemmaConfig& c = loaded.model.config;
+    const LayoutMap layout = mesh_shape.empty() ? LayoutMap{} : m.make_layout(c, mesh_shape, axis_names);
 
     long long total = 0;
     double bytes = 0;

@@ -1,5 +1,6 @@
 #include "cli/mesh_options.h"
 
+#include <algorithm>
 #include <iostream>
 
 #include "core/error.h"
@@ -15,24 +16,46 @@ void MeshOptions::add_to(CLI::App& app) {
   app.add_option("--batch-axis", batch_axis, "Mesh axis the batch is split over (default batch)");
 }
 
+std::vector<int> MeshOptions::shape(int processes) const {
+  return mesh.empty() ? std::vector<int>{processes} : DeviceMesh::parse_shape(mesh);
+}
+
+std::vector<std::string> MeshOptions::axis_names(const std::vector<int>& s) const {
+  if (axes.empty()) {
+    check(s.size() <= 2, "--mesh ", mesh, " has ", s.size(), " axes: name them with --mesh-axes");
+    return s.size() == 2 ? std::vector<std::string>{"batch", "model"} : std::vector<std::string>{"batch"};
+  }
+  std::vector<std::string> names = DeviceMesh::parse_axes(axes);
+  check(names.size() == s.size(), "--mesh-axes '", axes, "' names ", names.size(), " axes but --mesh ", mesh,
+        " has ", s.size());
+  return names;
+}
+
+std::string MeshOptions::layout_label() const {
+  std::string label = layout == "auto"       ? "auto (KerasHub GemmaBackbone.get_layout_map)"
+                      : layout == "tutorial" ? "tutorial (Keras distributed tuning guide)"
+                      : layout.empty()       ? ""
+                                             : layout;
+  if (!rules.empty())
+    label += (label.empty() ? "" : " + ") + std::to_string(rules.size()) + (rules.size() == 1 ? " rule" : " rules") +
+             " from --layout-rule";
+  return label.empty() ? "none (every variable replicated)" : label;
+}
+
 std::unique_ptr<DeviceMesh> MeshOptions::make_mesh() const {
   Communicator& comm = world();
   if (mesh.empty() && comm.size() == 1 && layout.empty() && rules.empty()) return nullptr;
-  std::vector<int> shape = mesh.empty() ? std::vector<int>{comm.size()} : DeviceMesh::parse_shape(mesh);
-  std::vector<std::string> names =
-      !axes.empty() ? DeviceMesh::parse_axes(axes)
-                    : shape.size() == 2 ? std::vector<std::string>{"batch", "model"} : std::vector<std::string>{"batch"};
-  check(names.size() == shape.size(), "--mesh-axes names ", names.size(), " axes but --mesh ", mesh, " has ",
-        shape.size());
-  return std::make_unique<DeviceMesh>(shape, names, comm);
+  const std::vector<int> s = shape(comm.size());
+  return std::make_unique<DeviceMesh>(s, axis_names(s), comm);
 }
 
-LayoutMap MeshOptions::make_layout(const GemmaConfig& config, const DeviceMesh* m) const {
+LayoutMap MeshOptions::make_layout(const GemmaConfig& config, const std::vector<int>& s,
+                                   const std::vector<std::string>& names) const {
   LayoutMap map;
   if (layout == "auto") {
     LayoutMap keras_hub = LayoutMap::keras_hub_gemma("model", batch_axis);
-    const int model_axis = m ? m->axis_index("model") : -1;
-    const int model_size = model_axis >= 0 ? m->axis_size(model_axis) : 1;
+    const auto model_axis = std::find(names.begin(), names.end(), "model");
+    const int model_size = model_axis != names.end() ? s[size_t(model_axis - names.begin())] : 1;
     if (config.num_key_value_heads % model_size == 0) {
       map = keras_hub;
     } else {
@@ -46,7 +69,7 @@ LayoutMap MeshOptions::make_layout(const GemmaConfig& config, const DeviceMesh* 
         kv[0] = std::nullopt;
         map.add("decoder_block.*attention.*(key|value).kernel", kv);
       }
-      if (!m || world().rank() == 0)
+      if (world().rank() == 0)
         std::cerr << "meshtune: warning: --layout auto: " << config.num_key_value_heads
                   << " KV head(s) do not divide the 'model' axis of size " << model_size
                   << "; key/value kernels are replicated over it\n";
@@ -61,7 +84,7 @@ LayoutMap MeshOptions::make_layout(const GemmaConfig& config, const DeviceMesh* 
 Distribution MeshOptions::make_distribution(DeviceMesh* m, const GemmaConfig& config) const {
   Distribution d;
   d.mesh = m;
-  d.layout = make_layout(config, m);
+  if (m) d.layout = make_layout(config, m->shape(), m->axis_names());
   d.batch_axis = batch_axis;
   return d;
 }

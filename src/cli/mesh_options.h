@@ -23,11 +23,18 @@ struct MeshOptions {
   std::string batch_axis = "batch";
   void add_to(CLI::App& app);
 
+  // The mesh shape (--mesh, else one axis of `processes`) and axis names (--mesh-axes, else
+  // batch / batch,model). Throw Error on bad text. No processes are needed (info's dry run).
+  std::vector<int> shape(int processes) const;
+  std::vector<std::string> axis_names(const std::vector<int>& shape) const;
+  std::string layout_label() const;  // for messages: "auto (KerasHub …)", the file, "+ N rules"
+
   // The mesh over this job's processes (nullptr for a plain one-process run without --mesh).
   std::unique_ptr<DeviceMesh> make_mesh() const;
   // With `auto`, key/value kernels are replicated over the model axis (with a warning) when the
   // model's KV heads do not divide it — KerasHub's map fails there (keras-hub#1613).
-  LayoutMap make_layout(const GemmaConfig& config, const DeviceMesh* mesh) const;
+  LayoutMap make_layout(const GemmaConfig& config, const std::vector<int>& shape,
+                        const std::vector<std::string>& axis_names) const;
   Distribution make_distribution(DeviceMesh* mesh, const GemmaConfig& config) const;
 };
 
