@@ -121,6 +121,30 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Distributed,
                                   (std::get<1>(info.param) ? "Full" : "Lora");
                          });
 
+// A 2x2 run SIGKILLed after step 3 resumes from its sharded checkpoint (one file per rank plus a
+// manifest) to bit-identical weights.
+TEST(DistributedResume, ShardedCheckpointResumesBitIdentically) {
+  const std::string root = make_temp_dir("dist-resume");
+  ASSERT_EQ(run_meshtune("init --config tiny-gemma2 " + root + "/tiny").exit_code, 0);
+  const std::string common = "--threads 1 finetune " + root + "/tiny --data sample --seq-len 12 --batch-size 4 --steps 6 "
+                             "--lr 1e-2 --no-progress --lora-targets all --layout auto ";
+  const std::string args = common + "--mesh 2x2 --out ";
+  const std::string mpirun = kMpirun + "4 -x MESHTUNE_TEST_KILL_AFTER_STEP ";
+  ASSERT_EQ(run_meshtune(args + root + "/a", "", kMpirun + "4 ").exit_code, 0);
+  EXPECT_NE(run_meshtune(args + root + "/b --checkpoint-every 1", "MESHTUNE_TEST_KILL_AFTER_STEP=3", mpirun).exit_code, 0);
+  EXPECT_TRUE(fs::exists(root + "/b/checkpoint.safetensors.step3.rank3"));
+  EXPECT_FALSE(fs::exists(root + "/b/checkpoint.safetensors.step2.rank0"));  // older files are removed
+  CommandResult resumed = run_meshtune(args + root + "/b --resume", "", kMpirun + "4 ");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("at step 3"), std::string::npos);
+  EXPECT_EQ(read_text_file(root + "/a/adapter/adapter_model.safetensors"),
+            read_text_file(root + "/b/adapter/adapter_model.safetensors"));
+  // Resuming on another mesh is refused with a clear message.
+  CommandResult other = run_meshtune(common + "--mesh 2x1 --out " + root + "/b --resume", "", kMpirun + "2 ");
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.err.find("resume it on that mesh"), std::string::npos) << other.err;
+}
+
 // The error paths: a clear message, a non-zero exit of the whole job, and no hang.
 void expect_job_fails(const std::string& args, int processes, const std::vector<std::string>& needles,
                       const std::string& env = "") {

@@ -166,7 +166,7 @@ Runner add_finetune_command(CLI::App& app) {
     if (o->resume) {
       check(fs::exists(fit.checkpoint_path), "--resume: no checkpoint at ", fit.checkpoint_path);
       trainer.load_checkpoint(fit.checkpoint_path);
-      std::cerr << "resumed from " << fit.checkpoint_path << " at step " << trainer.step() << "\n";
+      if (main_process) std::cerr << "resumed from " << fit.checkpoint_path << " at step " << trainer.step() << "\n";
     }
     const long long total = config.num_parameters();
     if (main_process) std::cerr << (lora ? "LoRA rank " + std::to_string(lora->rank) : std::string("full fine-tuning"))
