@@ -57,14 +57,36 @@ void set_variable(GemmaModel& m, const VariableSpec& spec, std::vector<float> va
   const_cast<std::vector<float>&>(*vector_of(m, spec)) = std::move(values);
 }
 
+// This process' block of a variable, reading only the rows the block covers: a memory-mapped
+// checkpoint is only touched where this process' bytes are.
+static std::vector<float> block_of(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
+  const WeightMatrix* w = matrix_of(m, spec);
+  if (!w) return take_block(vector_of(m, spec)->data(), s);
+  std::vector<float> block(static_cast<size_t>(s.local_size())), row(static_cast<size_t>(w->cols));
+  size_t o = 0;
+  for (int64_t a = 0; a < s.local[0]; ++a)
+    for (int64_t b = 0; b < s.local[1]; ++b) {
+      // The run of local[2] values starts at this flat index of the 3-D view, inside one matrix row.
+      const int64_t flat = ((a + s.offset[0]) * s.full[1] + (b + s.offset[1])) * s.full[2] + s.offset[2];
+      const int64_t r = flat / w->cols, c0 = flat % w->cols;
+      if (w->dtype == DType::F32) {
+        const float* src = w->f32() + r * w->cols + c0;
+        std::copy(src, src + s.local[2], block.begin() + long(o));
+      } else {
+        for (int64_t c = 0; c < s.local[2]; ++c) block[o + size_t(c)] = w->at(r, c0 + c);
+      }
+      o += size_t(s.local[2]);
+    }
+  return block;
+}
+
 ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh& mesh)
     : model_(std::move(model)), mesh_(&mesh) {
   for (const VariableSpec& spec : gemma_variables(model_.config)) {
     ShardSpec shard = make_shard_spec(spec.kind, false, spec.keras_shape,
                                       layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
     if (!shard.split()) continue;
-    std::vector<float> values = variable_values(model_, spec);
-    blocks_.push_back({spec, shard, take_block(values.data(), shard)});
+    blocks_.push_back({spec, shard, block_of(model_, spec, shard)});
     set_variable(model_, spec, {});  // keep only the block
   }
 }
