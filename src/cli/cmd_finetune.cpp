@@ -2,6 +2,7 @@
 // The tutorial's enable_lora → compile(AdamW) → fit(data) → generate, in one command. Writes to
 // --out: checkpoint.safetensors (resumable), and at the end the LoRA adapter as Keras
 // `adapter.lora.h5` and as a PEFT directory `adapter/`, or for --full a Keras preset `model/`.
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -188,7 +189,9 @@ Runner add_finetune_command(CLI::App& app) {
     g_stop.store(false);
     std::signal(SIGINT, request_stop);
     std::signal(SIGTERM, request_stop);
+    const auto fit_start = std::chrono::steady_clock::now();
     EpochMetrics metrics = trainer.fit(stream, &g_stop);
+    const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
     if (trainer.interrupted()) {
@@ -208,7 +211,8 @@ Runner add_finetune_command(CLI::App& app) {
       std::cerr << "wrote " << o->out << "/model (Keras preset)\n";
     }
     nlohmann::json result = {{"steps", trainer.step()}, {"loss", metrics.loss}, {"accuracy", metrics.accuracy},
-                             {"trainable_params", trainer.trainable_count()}};
+                             {"trainable_params", trainer.trainable_count()},
+                             {"train_seconds", train_seconds}, {"collective_seconds", collective_seconds()}};
     if (!o->validation_data.empty()) {
       BatchOptions vo = batch_options;
       vo.shuffle = false;

@@ -1,6 +1,8 @@
 // Communicators: OpenMPI under mpirun, a one-member copy-only communicator otherwise.
 #include "dist/communicator.h"
 
+#include <chrono>
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -79,6 +81,16 @@ void check_mpi(int rc, const char* op) {
   fail("MPI ", op, " failed: ", text);
 }
 
+// Time spent in collectives, summed over this process' communicators.
+double g_collective_seconds = 0;
+
+struct CollectiveTimer {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  ~CollectiveTimer() {
+    g_collective_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
 class MpiCommunicator : public Communicator {
  public:
   // `owned`: the communicator came from MPI_Comm_split and is freed with this object.
@@ -99,9 +111,11 @@ class MpiCommunicator : public Communicator {
   int size() const override { return size_; }
 
   void all_reduce_sum(float* data, size_t count) override {
+    CollectiveTimer timer;
     all_reduce(data, count, MPI_FLOAT, sizeof(float));
   }
   void all_reduce_sum(double* data, size_t count) override {
+    CollectiveTimer timer;
     all_reduce(data, count, MPI_DOUBLE, sizeof(double));
   }
 
@@ -109,6 +123,7 @@ class MpiCommunicator : public Communicator {
     // The output interleaves members, so chunks would need strided types; reject instead.
     check(count <= g_max_mpi_count, "communicator all_gather: ", count,
           " elements per member exceed the MPI limit of ", g_max_mpi_count);
+    CollectiveTimer timer;
     check_mpi(MPI_Allgather(in, int(count), MPI_FLOAT, out, int(count), MPI_FLOAT, comm_),
               "Allgather");
   }
@@ -116,6 +131,7 @@ class MpiCommunicator : public Communicator {
   void reduce_scatter_sum(const float* in, size_t count, float* out) override {
     check(count <= g_max_mpi_count, "communicator reduce_scatter_sum: ", count,
           " elements per member exceed the MPI limit of ", g_max_mpi_count);
+    CollectiveTimer timer;
     check_mpi(MPI_Reduce_scatter_block(in, out, int(count), MPI_FLOAT, MPI_SUM, comm_),
               "Reduce_scatter_block");
   }
@@ -133,7 +149,10 @@ class MpiCommunicator : public Communicator {
     bcast(bytes.data(), size_t(length), MPI_BYTE, 1, root);
   }
 
-  void barrier() override { check_mpi(MPI_Barrier(comm_), "Barrier"); }
+  void barrier() override {
+    CollectiveTimer timer;
+    check_mpi(MPI_Barrier(comm_), "Barrier");
+  }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     check(color >= 0, "communicator split: color must be non-negative, got ", color);
@@ -214,5 +233,7 @@ void abort_job(const std::string& message, int code) {
   if (mpi_active()) MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
 }
+
+double collective_seconds() { return g_collective_seconds; }
 
 }  // namespace meshtune

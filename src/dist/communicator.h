@@ -34,6 +34,9 @@ class Communicator {
 Communicator& world();
 bool launched_by_mpirun();
 
+// Seconds this process has spent inside MPI collectives so far (for benchmarks and logs).
+double collective_seconds();
+
 // A one-member communicator (tests, and the non-MPI path).
 std::unique_ptr<Communicator> make_single_communicator();
 
