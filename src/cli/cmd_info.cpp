@@ -46,20 +46,8 @@ static std::vector<std::string> split_commas(const std::string& text) {
 
 // "1x8" -> {1, 8}. Parsed here rather than through DeviceMesh: a dry run needs no communicator.
 static const char* stored_dtype(const GemmaModel& m, const VariableSpec& spec) {
-  const DecoderLayerWeights* l = spec.layer >= 0 ? &m.layers[size_t(spec.layer)] : nullptr;
-  const WeightMatrix* w = nullptr;
-  switch (spec.slot) {
-    case Slot::Embeddings: w = &m.embeddings; break;
-    case Slot::Query: w = &l->query; break;
-    case Slot::Key: w = &l->key; break;
-    case Slot::Value: w = &l->value; break;
-    case Slot::AttentionOutput: w = &l->attention_output; break;
-    case Slot::FfwGating: w = &l->ffw_gating; break;
-    case Slot::FfwGating2: w = &l->ffw_gating_2; break;
-    case Slot::FfwLinear: w = &l->ffw_linear; break;
-    default: return "float32";
-  }
-  return dtype_name(w->dtype);
+  const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
+  return w ? dtype_name(w->dtype) : "float32";
 }
 
 Runner add_info_command(CLI::App& app) {

@@ -4,64 +4,26 @@
 
 namespace meshtune {
 
-// The matrix or vector behind a variable.
-static const WeightMatrix* matrix_of(const GemmaModel& m, const VariableSpec& spec) {
-  const DecoderLayerWeights* l = spec.layer >= 0 ? &m.layers[size_t(spec.layer)] : nullptr;
-  switch (spec.slot) {
-    case Slot::Embeddings: return &m.embeddings;
-    case Slot::Query: return &l->query;
-    case Slot::Key: return &l->key;
-    case Slot::Value: return &l->value;
-    case Slot::AttentionOutput: return &l->attention_output;
-    case Slot::FfwGating: return &l->ffw_gating;
-    case Slot::FfwGating2: return &l->ffw_gating_2;
-    case Slot::FfwLinear: return &l->ffw_linear;
-    default: return nullptr;
-  }
-}
-
-static const std::vector<float>* vector_of(const GemmaModel& m, const VariableSpec& spec) {
-  const DecoderLayerWeights* l = spec.layer >= 0 ? &m.layers[size_t(spec.layer)] : nullptr;
-  switch (spec.slot) {
-    case Slot::FinalNorm: return &m.final_norm;
-    case Slot::PreAttentionNorm: return &l->pre_attention_norm;
-    case Slot::PostAttentionNorm: return &l->post_attention_norm;
-    case Slot::PreFfwNorm: return &l->pre_ffw_norm;
-    case Slot::PostFfwNorm: return &l->post_ffw_norm;
-    case Slot::QueryNorm: return &l->query_norm;
-    case Slot::KeyNorm: return &l->key_norm;
-    default: return nullptr;
-  }
-}
-
 std::vector<float> variable_values(const GemmaModel& m, const VariableSpec& spec) {
-  if (const WeightMatrix* w = matrix_of(m, spec)) {
-    std::vector<float> out(static_cast<size_t>(w->rows * w->cols));
-    for (int64_t r = 0; r < w->rows; ++r) w->row_to_f32(r, out.data() + r * w->cols);
-    return out;
-  }
-  return *vector_of(m, spec);
+  if (const WeightMatrix* w = m.matrix(spec.slot, spec.layer)) return w->to_f32();
+  return *m.vector(spec.slot, spec.layer);
 }
 
 void set_variable(GemmaModel& m, const VariableSpec& spec, std::vector<float> values) {
-  if (const WeightMatrix* found = matrix_of(m, spec)) {
-    WeightMatrix& w = const_cast<WeightMatrix&>(*found);
-    auto data = std::make_shared<std::vector<float>>(std::move(values));
-    w.dtype = DType::F32;
-    w.rows = data->empty() ? 0 : spec.hf_shape[0];
-    w.cols = data->empty() ? 0 : num_elements(spec.hf_shape) / spec.hf_shape[0];
-    w.data = data->data();
-    w.owner = data;
-    return;
+  if (WeightMatrix* w = m.matrix(spec.slot, spec.layer)) {
+    const int64_t rows = values.empty() ? 0 : spec.hf_shape[0];
+    const int64_t cols = rows ? int64_t(values.size()) / rows : 0;  // before `values` is moved from
+    *w = WeightMatrix::from_f32(rows, cols, std::move(values));
+  } else {
+    *m.vector(spec.slot, spec.layer) = std::move(values);
   }
-  const_cast<std::vector<float>&>(*vector_of(m, spec)) = std::move(values);
 }
 
 // This process' block of a variable, reading only the rows the block covers: a memory-mapped
 // checkpoint is only touched where this process' bytes are.
 static std::vector<float> block_of(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
-  const WeightMatrix* w = matrix_of(m, spec);
-  if (!w) return take_block(vector_of(m, spec)->data(), s);
+  const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
+  if (!w) return take_block(m.vector(spec.slot, spec.layer)->data(), s);
   std::vector<float> block(static_cast<size_t>(s.local_size())), row(static_cast<size_t>(w->cols));
   size_t o = 0;
   for (int64_t a = 0; a < s.local[0]; ++a)

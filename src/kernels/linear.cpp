@@ -23,6 +23,23 @@ void WeightMatrix::row_to_f32(int64_t r, float* out) const {
   }
 }
 
+std::vector<float> WeightMatrix::to_f32() const {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) row_to_f32(r, out.data() + r * cols);
+  return out;
+}
+
+WeightMatrix WeightMatrix::from_f32(int64_t rows, int64_t cols, std::vector<float> values) {
+  auto data = std::make_shared<std::vector<float>>(std::move(values));
+  WeightMatrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.dtype = DType::F32;
+  m.data = data->data();
+  m.owner = data;
+  return m;
+}
+
 void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t r = 0; r < W.rows; ++r) {

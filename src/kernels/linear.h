@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -25,6 +26,9 @@ struct WeightMatrix {
   }
   // Row r converted to fp32 into out[cols].
   void row_to_f32(int64_t r, float* out) const;
+  // All values as fp32 (a copy), and a matrix owning the given fp32 values.
+  std::vector<float> to_f32() const;
+  static WeightMatrix from_f32(int64_t rows, int64_t cols, std::vector<float> values);
 };
 
 // y[m, 0:rows] = Σ_k x[m, k] · W[r, k], for m < M. x is [M, cols], y is [M, rows], both row-major.

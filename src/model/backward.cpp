@@ -71,6 +71,29 @@ static void decoder_block_backward(const GemmaConfig& c, const DecoderLayerWeigh
   for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂input
 }
 
+float*& ModelGradients::of(Slot slot, int layer) {
+  if (slot == Slot::Embeddings) return embeddings;
+  if (slot == Slot::FinalNorm) return final_norm;
+  LayerGradients& g = layers[size_t(layer)];
+  switch (slot) {
+    case Slot::Query: return g.query;
+    case Slot::Key: return g.key;
+    case Slot::Value: return g.value;
+    case Slot::AttentionOutput: return g.attention_output;
+    case Slot::FfwGating: return g.ffw_gating;
+    case Slot::FfwGating2: return g.ffw_gating_2;
+    case Slot::FfwLinear: return g.ffw_linear;
+    case Slot::PreAttentionNorm: return g.pre_attention_norm;
+    case Slot::PostAttentionNorm: return g.post_attention_norm;
+    case Slot::PreFfwNorm: return g.pre_ffw_norm;
+    case Slot::PostFfwNorm: return g.post_ffw_norm;
+    case Slot::QueryNorm: return g.query_norm;
+    case Slot::KeyNorm: return g.key_norm;
+    default: break;
+  }
+  fail("no gradient slot");
+}
+
 LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, double loss_scale,
                           const ModelGradients* grads) {
   const GemmaConfig& c = model.config;

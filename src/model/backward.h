@@ -30,6 +30,7 @@ struct ModelGradients {
   float* embeddings = nullptr;  // [V, D]: the lookup and the tied output projection
   std::vector<LayerGradients> layers;
   float* final_norm = nullptr;
+  float*& of(Slot slot, int layer);  // the pointer for variable `slot` of block `layer`
 };
 
 // Σ over the batch of w·CE, w·[argmax = y] and w (Keras' metric states before dividing).

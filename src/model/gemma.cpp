@@ -23,6 +23,37 @@ size_t GemmaModel::weight_bytes() const {
   return total;
 }
 
+WeightMatrix* GemmaModel::matrix(Slot slot, int layer) {
+  if (slot == Slot::Embeddings) return &embeddings;
+  if (layer < 0) return nullptr;
+  DecoderLayerWeights& l = layers[size_t(layer)];
+  switch (slot) {
+    case Slot::Query: return &l.query;
+    case Slot::Key: return &l.key;
+    case Slot::Value: return &l.value;
+    case Slot::AttentionOutput: return &l.attention_output;
+    case Slot::FfwGating: return &l.ffw_gating;
+    case Slot::FfwGating2: return &l.ffw_gating_2;
+    case Slot::FfwLinear: return &l.ffw_linear;
+    default: return nullptr;
+  }
+}
+
+std::vector<float>* GemmaModel::vector(Slot slot, int layer) {
+  if (slot == Slot::FinalNorm) return &final_norm;
+  if (layer < 0) return nullptr;
+  DecoderLayerWeights& l = layers[size_t(layer)];
+  switch (slot) {
+    case Slot::PreAttentionNorm: return &l.pre_attention_norm;
+    case Slot::PostAttentionNorm: return &l.post_attention_norm;
+    case Slot::PreFfwNorm: return &l.pre_ffw_norm;
+    case Slot::PostFfwNorm: return &l.post_ffw_norm;
+    case Slot::QueryNorm: return &l.query_norm;
+    case Slot::KeyNorm: return &l.key_norm;
+    default: return nullptr;
+  }
+}
+
 KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s) : batch(b), capacity(s) {
   const size_t per_layer = size_t(b) * size_t(s) * size_t(c.num_key_value_heads) * size_t(c.head_dim);
   keys.assign(size_t(c.num_layers), std::vector<float>(per_layer));

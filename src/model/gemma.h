@@ -11,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/linear.h"
 #include "model/config.h"
+#include "model/variables.h"
 
 namespace meshtune {
 
@@ -32,6 +33,15 @@ struct GemmaModel {
   std::vector<float> final_norm;  // (D,)
 
   size_t weight_bytes() const;  // bytes of all weights as stored in memory
+
+  // The storage of variable `slot` (of decoder block `layer`): its matrix for projections and the
+  // embedding (else nullptr), its vector for norm scales (else nullptr).
+  WeightMatrix* matrix(Slot slot, int layer);
+  std::vector<float>* vector(Slot slot, int layer);
+  const WeightMatrix* matrix(Slot slot, int layer) const { return const_cast<GemmaModel*>(this)->matrix(slot, layer); }
+  const std::vector<float>* vector(Slot slot, int layer) const {
+    return const_cast<GemmaModel*>(this)->vector(slot, layer);
+  }
 };
 
 // Per-layer keys and values for `batch` rows of up to `capacity` positions, plus which key slots

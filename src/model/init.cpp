@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace meshtune {
 
@@ -41,20 +42,7 @@ GemmaConfig named_config(const std::string& name, int vocab_size) {
   return c;
 }
 
-// splitmix64 + Box–Muller: the same numbers on every platform and standard library.
-struct NormalRng {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (double(next() >> 11) + 0.5) * 0x1.0p-53; }
-  float normal() { return float(std::sqrt(-2 * std::log(uniform())) * std::cos(6.283185307179586 * uniform())); }
-};
-
-static WeightMatrix random_matrix(NormalRng& rng, int64_t rows, int64_t cols, float stddev, DType dtype) {
+static WeightMatrix random_matrix(SplitMix64& rng, int64_t rows, int64_t cols, float stddev, DType dtype) {
   WeightMatrix m;
   m.rows = rows;
   m.cols = cols;
@@ -74,7 +62,7 @@ static WeightMatrix random_matrix(NormalRng& rng, int64_t rows, int64_t cols, fl
   return m;
 }
 
-static std::vector<float> random_scale(NormalRng& rng, int64_t n) {
+static std::vector<float> random_scale(SplitMix64& rng, int64_t n) {
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) x = 0.1f * rng.normal();
   return v;
@@ -82,7 +70,7 @@ static std::vector<float> random_scale(NormalRng& rng, int64_t n) {
 
 GemmaModel random_model(const GemmaConfig& c, uint64_t seed, DType dtype) {
   check(dtype == DType::F32 || dtype == DType::BF16, "random_model: dtype must be float32 or bfloat16");
-  NormalRng rng{seed};
+  SplitMix64 rng{seed};
   GemmaModel m;
   m.config = c;
   const int64_t D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim, F = c.ffw_dim;

@@ -153,24 +153,8 @@ GemmaModel load_model(const ModelDir& dir, bool keep_bf16) {
     check(t.shape == expected, weights_file, ": tensor ", name, " has shape ", shape_str(t.shape), ", but ",
           dir.config_path, " implies ", shape_str(expected));
     if (keras) t = keras_to_ours(t, spec.kind);
-    DecoderLayerWeights* layer = spec.layer >= 0 ? &model.layers[size_t(spec.layer)] : nullptr;
-    switch (spec.slot) {
-      case Slot::Embeddings: model.embeddings = to_matrix(t, keep_bf16); break;
-      case Slot::FinalNorm: model.final_norm = to_f32(t); break;
-      case Slot::PreAttentionNorm: layer->pre_attention_norm = to_f32(t); break;
-      case Slot::PostAttentionNorm: layer->post_attention_norm = to_f32(t); break;
-      case Slot::PreFfwNorm: layer->pre_ffw_norm = to_f32(t); break;
-      case Slot::PostFfwNorm: layer->post_ffw_norm = to_f32(t); break;
-      case Slot::QueryNorm: layer->query_norm = to_f32(t); break;
-      case Slot::KeyNorm: layer->key_norm = to_f32(t); break;
-      case Slot::Query: layer->query = to_matrix(t, keep_bf16); break;
-      case Slot::Key: layer->key = to_matrix(t, keep_bf16); break;
-      case Slot::Value: layer->value = to_matrix(t, keep_bf16); break;
-      case Slot::AttentionOutput: layer->attention_output = to_matrix(t, keep_bf16); break;
-      case Slot::FfwGating: layer->ffw_gating = to_matrix(t, keep_bf16); break;
-      case Slot::FfwGating2: layer->ffw_gating_2 = to_matrix(t, keep_bf16); break;
-      case Slot::FfwLinear: layer->ffw_linear = to_matrix(t, keep_bf16); break;
-    }
+    if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = to_matrix(t, keep_bf16);
+    else *model.vector(spec.slot, spec.layer) = to_f32(t);
   }
   return model;
 }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace meshtune {
 
@@ -47,31 +48,7 @@ int64_t prod_but_last(const Shape& s) {
   return p;
 }
 
-// The matrix of `slot` in a decoder layer.
-WeightMatrix& layer_matrix(DecoderLayerWeights& l, Slot slot) {
-  switch (slot) {
-    case Slot::Query: return l.query;
-    case Slot::Key: return l.key;
-    case Slot::Value: return l.value;
-    case Slot::AttentionOutput: return l.attention_output;
-    case Slot::FfwGating: return l.ffw_gating;
-    case Slot::FfwGating2: return l.ffw_gating_2;
-    case Slot::FfwLinear: return l.ffw_linear;
-    default: fail("LoRA: ", slot_layer_name(slot), " is not a weight matrix");
-  }
-}
 
-// splitmix64: a tiny, fully specified generator, so the same seed gives the same A everywhere.
-struct SplitMix64 {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return double(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-};
 
 // ΔK[P, last] = A[P, r]·B[r, last], summing over r in order with a separate multiply and add (no
 // FMA): that is what NumPy computes for Keras, so merged kernels equal Keras' bit for bit.
@@ -221,18 +198,11 @@ GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora) {
   validate_lora(base.config, lora, "merge_lora");
   GemmaModel merged = base;  // WeightMatrix copies share storage
   for (const LoraAdapter& ad : lora.adapters) {
-    WeightMatrix& m = layer_matrix(merged.layers[size_t(ad.layer)], ad.slot);
+    WeightMatrix& m = *merged.matrix(ad.slot, ad.layer);
     const std::vector<float> delta = lora_delta(base.config, ad, lora.scale());
-    auto values = std::make_shared<std::vector<float>>(size_t(m.rows * m.cols));
-    for (int64_t r = 0; r < m.rows; ++r) m.row_to_f32(r, values->data() + r * m.cols);
-    for (size_t i = 0; i < values->size(); ++i) (*values)[i] += delta[i];
-    WeightMatrix out;
-    out.rows = m.rows;
-    out.cols = m.cols;
-    out.dtype = DType::F32;
-    out.data = values->data();
-    out.owner = values;
-    m = out;
+    std::vector<float> values = m.to_f32();
+    for (size_t i = 0; i < values.size(); ++i) values[i] += delta[i];
+    m = WeightMatrix::from_f32(m.rows, m.cols, std::move(values));
   }
   return merged;
 }

@@ -34,25 +34,8 @@ static HostTensor variable_tensor(const GemmaModel& model, const VariableSpec& s
     t.data = reinterpret_cast<const std::byte*>(v.data());
     return t;  // the model outlives the save call
   };
-  const DecoderLayerWeights* l = spec.layer >= 0 ? &model.layers[size_t(spec.layer)] : nullptr;
-  switch (spec.slot) {
-    case Slot::Embeddings: return from_matrix(model.embeddings);
-    case Slot::FinalNorm: return from_vector(model.final_norm);
-    case Slot::PreAttentionNorm: return from_vector(l->pre_attention_norm);
-    case Slot::PostAttentionNorm: return from_vector(l->post_attention_norm);
-    case Slot::PreFfwNorm: return from_vector(l->pre_ffw_norm);
-    case Slot::PostFfwNorm: return from_vector(l->post_ffw_norm);
-    case Slot::QueryNorm: return from_vector(l->query_norm);
-    case Slot::KeyNorm: return from_vector(l->key_norm);
-    case Slot::Query: return from_matrix(l->query);
-    case Slot::Key: return from_matrix(l->key);
-    case Slot::Value: return from_matrix(l->value);
-    case Slot::AttentionOutput: return from_matrix(l->attention_output);
-    case Slot::FfwGating: return from_matrix(l->ffw_gating);
-    case Slot::FfwGating2: return from_matrix(l->ffw_gating_2);
-    case Slot::FfwLinear: return from_matrix(l->ffw_linear);
-  }
-  fail("unknown variable slot");
+  if (const WeightMatrix* w = model.matrix(spec.slot, spec.layer)) return from_matrix(*w);
+  return from_vector(*model.vector(spec.slot, spec.layer));
 }
 
 static json dtype_policy(const std::string& name) {

@@ -24,20 +24,8 @@ namespace meshtune {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-// A writable fp32 copy of a matrix (full fine-tuning updates weights in place).
-static WeightMatrix writable_copy(const WeightMatrix& m) {
-  auto data = std::make_shared<std::vector<float>>(static_cast<size_t>(m.rows * m.cols));
-  for (int64_t r = 0; r < m.rows; ++r) m.row_to_f32(r, data->data() + r * m.cols);
-  WeightMatrix out;
-  out.rows = m.rows;
-  out.cols = m.cols;
-  out.dtype = DType::F32;
-  out.data = data->data();
-  out.owner = data;
-  return out;
-}
-
-// The value storage of a variable and the gradient pointer that backward fills for it.
+// A variable's value storage (fp32 and writable for trainable variables) and the gradient pointer
+// that backward fills for it.
 struct SlotRef {
   float* value = nullptr;
   size_t size = 0;
@@ -45,31 +33,11 @@ struct SlotRef {
 };
 
 static SlotRef slot_ref(GemmaModel& m, ModelGradients& g, const VariableSpec& spec) {
-  auto matrix = [](WeightMatrix& w, float*& grad) {
-    return SlotRef{const_cast<float*>(w.f32()), size_t(w.rows * w.cols), &grad};
-  };
-  auto vec = [](std::vector<float>& v, float*& grad) { return SlotRef{v.data(), v.size(), &grad}; };
-  if (spec.slot == Slot::Embeddings) return matrix(m.embeddings, g.embeddings);
-  if (spec.slot == Slot::FinalNorm) return vec(m.final_norm, g.final_norm);
-  DecoderLayerWeights& l = m.layers[size_t(spec.layer)];
-  LayerGradients& lg = g.layers[size_t(spec.layer)];
-  switch (spec.slot) {
-    case Slot::PreAttentionNorm: return vec(l.pre_attention_norm, lg.pre_attention_norm);
-    case Slot::PostAttentionNorm: return vec(l.post_attention_norm, lg.post_attention_norm);
-    case Slot::PreFfwNorm: return vec(l.pre_ffw_norm, lg.pre_ffw_norm);
-    case Slot::PostFfwNorm: return vec(l.post_ffw_norm, lg.post_ffw_norm);
-    case Slot::QueryNorm: return vec(l.query_norm, lg.query_norm);
-    case Slot::KeyNorm: return vec(l.key_norm, lg.key_norm);
-    case Slot::Query: return matrix(l.query, lg.query);
-    case Slot::Key: return matrix(l.key, lg.key);
-    case Slot::Value: return matrix(l.value, lg.value);
-    case Slot::AttentionOutput: return matrix(l.attention_output, lg.attention_output);
-    case Slot::FfwGating: return matrix(l.ffw_gating, lg.ffw_gating);
-    case Slot::FfwGating2: return matrix(l.ffw_gating_2, lg.ffw_gating_2);
-    case Slot::FfwLinear: return matrix(l.ffw_linear, lg.ffw_linear);
-    default: break;
-  }
-  fail("unknown variable slot");
+  float*& grad = g.of(spec.slot, spec.layer);
+  if (WeightMatrix* w = m.matrix(spec.slot, spec.layer))
+    return {const_cast<float*>(w->f32()), size_t(w->rows * w->cols), &grad};
+  std::vector<float>* v = m.vector(spec.slot, spec.layer);
+  return {v->data(), v->size(), &grad};
 }
 
 static std::string short_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
@@ -98,11 +66,9 @@ Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOpti
       params_.push_back({path + "/lora_kernel_b", "lora_kernel_b", ad.b_shape, ad.b.data(), ad.grad_b.data(), ad.b.size()});
     }
   } else {
-    model_.embeddings = writable_copy(model_.embeddings);
-    for (auto& l : model_.layers)
-      for (WeightMatrix* w : {&l.query, &l.key, &l.value, &l.attention_output, &l.ffw_gating, &l.ffw_gating_2, &l.ffw_linear})
-        *w = writable_copy(*w);
     const auto specs = gemma_variables(c);
+    for (const VariableSpec& spec : specs)  // writable fp32 copies: full fine-tuning updates in place
+      if (WeightMatrix* w = model_.matrix(spec.slot, spec.layer)) *w = WeightMatrix::from_f32(w->rows, w->cols, w->to_f32());
     grad_storage_.resize(specs.size());
     for (size_t i = 0; i < specs.size(); ++i) {
       SlotRef ref = slot_ref(model_, grads_, specs[i]);

@@ -1,0 +1,394 @@
+// bench_train: LoRA fine-tuning speed of one Trainer::train_step — ms/step, tokens/s, peak RSS and
+// achieved GFLOP/s — on a random fp32 Gemma model, the counterpart of bench/torch_lora_step.py.
+// Prints one JSON line on stdout; progress on stderr.
+//
+//   bench_train [--shape small|2b] [--layers N] [--threads 2] [--steps 5] [--warmup 1]
+//               [--batch 2] [--seq-len 128] [--rank 4] [--lr 1e-4] [--breakdown] [--dump FILE]
+//
+// small = the test fixtures' shape (named_config("tiny", 1000)); 2b = Gemma 2B (18 layers unless
+// --layers). LoRA rank 4 on query and value (Keras style, alpha = rank), B set to small random
+// values so every gradient is non-zero; a random [batch, seq-len] token batch with all sample
+// weights 1; AdamW (lr 1e-4, weight decay 0.01, eps 1e-7). --breakdown adds per-phase timings;
+// --dump writes the weights, batch, first-step gradients and losses (small shapes) so that
+// torch_lora_step.py --check can verify it computes the same thing. See bench/README.md.
+#include <cblas.h>
+#include <omp.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/random.h"
+#include "io/safetensors.h"
+#include "model/backward.h"
+#include "model/gemma.h"
+#include "model/init.h"
+#include "model/lora.h"
+#include "train/trainer.h"
+
+using namespace meshtune;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  std::string shape = "small";
+  int layers = 0;  // 0 = the shape's default (small 2, 2b 18)
+  int threads = 2;
+  int steps = 5;
+  int warmup = 1;
+  int batch = 2;
+  int seq_len = 128;
+  int rank = 4;
+  double lr = 1e-4;
+  bool breakdown = false;
+  std::string dump;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  std::cerr << "bench_train: " << problem << "\n"
+            << "usage: bench_train [--shape small|2b] [--layers N] [--threads N] [--steps N] [--warmup N]\n"
+            << "                   [--batch N] [--seq-len N] [--rank N] [--lr X] [--breakdown] [--dump FILE]\n";
+  std::exit(2);
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") usage("measures LoRA training steps of a random Gemma model");
+    if (arg == "--breakdown") {
+      o.breakdown = true;
+      continue;
+    }
+    if (i + 1 >= argc) usage("missing value for " + arg);
+    const std::string value = argv[++i];
+    auto number = [&](int min) {
+      char* end = nullptr;
+      long v = std::strtol(value.c_str(), &end, 10);
+      if (*end != '\0' || v < min) usage(arg + " needs an integer >= " + std::to_string(min) + ", got '" + value + "'");
+      return int(v);
+    };
+    if (arg == "--shape") {
+      if (value != "small" && value != "2b") usage("--shape must be small or 2b");
+      o.shape = value;
+    } else if (arg == "--layers") o.layers = number(0);  // 0 = the shape's default
+    else if (arg == "--threads") o.threads = number(1);
+    else if (arg == "--steps") o.steps = number(1);
+    else if (arg == "--warmup") o.warmup = number(0);
+    else if (arg == "--batch") o.batch = number(1);
+    else if (arg == "--seq-len") o.seq_len = number(1);
+    else if (arg == "--rank") o.rank = number(1);
+    else if (arg == "--lr") o.lr = std::atof(value.c_str());
+    else if (arg == "--dump") o.dump = value;
+    else usage("unknown option " + arg);
+  }
+  return o;
+}
+
+GemmaConfig bench_config(const Options& o) {
+  GemmaConfig c;
+  if (o.shape == "small") {
+    c = named_config("tiny", 1000);  // vocab 1000, D 64, 4 heads / 1 KV head of 16, FFN 128, family 1
+    if (o.layers > 0) c.num_layers = o.layers;
+  } else {
+    c.family = 1;  // Gemma 2B
+    c.vocab_size = 256000;
+    c.hidden_dim = 2048;
+    c.num_layers = o.layers > 0 ? o.layers : 18;
+    c.num_query_heads = 8;
+    c.num_key_value_heads = 1;
+    c.head_dim = 256;
+    c.ffw_dim = 16384;
+    c.query_scale_dim = 256;
+  }
+  c.validate("bench_train config");
+  return c;
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double peak_rss_gib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) * 1024.0 / double(1 << 30);  // ru_maxrss is in KiB on Linux
+}
+
+// Busy CPU seconds of the whole machine (/proc/stat) and of this process: the difference over a
+// stretch is what other processes took (the machine may be shared; reported as foreign_cpus).
+struct CpuTimes {
+  double all_busy_s = 0, self_s = 0;
+  Clock::time_point at = Clock::now();
+};
+CpuTimes cpu_times() {
+  CpuTimes t;
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+  t.all_busy_s = (user + nice + system + irq + softirq + steal) / double(sysconf(_SC_CLK_TCK));
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  t.self_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  return t;
+}
+double foreign_cpus(const CpuTimes& a, const CpuTimes& b) {
+  const double wall = std::chrono::duration<double>(b.at - a.at).count();
+  return std::max(0.0, ((b.all_busy_s - a.all_busy_s) - (b.self_s - a.self_s)) / wall);
+}
+
+// FLOPs of one LoRA training step (2 per multiply-add), counted from the model's shapes — the same
+// formula as torch_lora_step.py, so both report GFLOP/s of the same work (see bench/README.md):
+//   forward:  2·M·(L·P + V·D)  every layer matrix and the tied LM head on all M = B·T tokens
+//             + L·4·B·N·H·T(T+1)/2  causal attention: QKᵀ and P·V over the allowed pairs only
+//             + LoRA path 2·M·r·(D·(N+K) + H·(N+K)) per layer (x·A, then ·B)
+//   backward: activations' gradients = the forward's matmul FLOPs again (dx = dy·W for every layer
+//             matrix and the LM head) + 2× the forward attention (dQ, dK, dV, dP)
+//             + LoRA: dx through the path (= its forward) + dA and dB (= its forward again).
+// P = D·N·H + 2·D·K·H + N·H·D + 3·D·F (q, k, v, o, gate, up, down). Norms, RoPE, softmax, GeGLU,
+// the loss and AdamW are left out (O(M·D), O(M·V) — small next to the matmuls).
+struct FlopCount {
+  double forward = 0, backward = 0;
+  double merged_extra = 0;  // what merged-kernel LoRA does on top (meshtune): dW of q and v, merge, A/B from dW
+  double total() const { return forward + backward; }
+};
+FlopCount count_flops(const GemmaConfig& c, int64_t B, int64_t T, int r) {
+  const double M = double(B * T), D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads,
+               H = c.head_dim, F = c.ffw_dim, V = c.vocab_size, L = c.num_layers;
+  const double P = D * N * H + 2 * D * K * H + N * H * D + 3 * D * F;
+  const double matmul = 2 * M * (L * P + V * D);
+  const double attention = L * 4 * double(B) * N * H * (double(T) * double(T + 1) / 2);
+  const double lora_path = L * 2 * M * r * (D * (N + K) + H * (N + K));
+  FlopCount f;
+  f.forward = matmul + attention + lora_path;
+  f.backward = matmul + 2 * attention + 2 * lora_path;
+  // dW = dyᵀ·x for q and v, ΔW = A·B (merge), and dA = dW·Bᵀ, dB = Aᵀ·dW, per layer; minus the
+  // low-rank path (x·A·B and its gradients) that merged-kernel training does not run.
+  f.merged_extra = L * (2 * M * D * (N + K) * H + 3 * 2 * D * (N + K) * H * r) - 3 * lora_path;
+  return f;
+}
+
+// Per-phase timings of one step, by calling the pieces Trainer::train_step is made of.
+nlohmann::ordered_json breakdown(const GemmaModel& base, const LoraWeights& lora, const Batch& batch, int reps) {
+  const GemmaConfig& c = base.config;
+  const int64_t B = batch.batch_size, T = batch.seq_len, M = B * T, D = c.hidden_dim;
+  TokenBatch tb{B, T, batch.token_ids.data(), batch.padding_mask.data(), batch.targets.data(),
+                batch.sample_weight.data()};
+  LoraWeights l = lora;
+  std::vector<std::vector<float>> dw(l.adapters.size());
+  ModelGradients grads;
+  grads.layers.assign(size_t(c.num_layers), LayerGradients{});
+  for (size_t i = 0; i < l.adapters.size(); ++i) {
+    const LoraAdapter& ad = l.adapters[i];
+    const WeightMatrix& w = ad.slot == Slot::Query ? base.layers[size_t(ad.layer)].query : base.layers[size_t(ad.layer)].value;
+    dw[i].assign(size_t(w.rows * w.cols), 0.f);
+    (ad.slot == Slot::Query ? grads.layers[size_t(ad.layer)].query : grads.layers[size_t(ad.layer)].value) = dw[i].data();
+  }
+  std::vector<double> merge_s, forward_s, fb_s, lora_bw_s, lm_head_s, ce_s;
+  for (int rep = 0; rep < reps; ++rep) {
+    auto t0 = Clock::now();
+    GemmaModel merged = merge_lora(base, l);
+    merge_s.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    forward_backward(merged, tb, 1.0 / double(M), nullptr);  // forward + loss, no backward
+    forward_s.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    forward_backward(merged, tb, 1.0 / double(M), &grads);
+    fb_s.push_back(seconds_since(t0));
+    t0 = Clock::now();
+    for (size_t i = 0; i < l.adapters.size(); ++i) lora_backward(c, l.adapters[i], l.scale(), dw[i].data());
+    lora_bw_s.push_back(seconds_since(t0));
+    // The LM head alone (the forward's logits GEMMs, in forward_backward's row chunks) and the
+    // cross-entropy loop over the [M, V] logits as forward_backward runs it.
+    const int64_t V = c.vocab_size, chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 24) / V));
+    std::vector<float> h(size_t(chunk * D), 0.01f), logits(size_t(chunk * V));
+    double lm = 0, ce = 0, sink = 0;
+    for (int64_t r0 = 0; r0 < M; r0 += chunk) {
+      const int64_t n = std::min(chunk, M - r0);
+      t0 = Clock::now();
+      lm_head(merged, h.data(), n, logits.data());
+      lm += seconds_since(t0);
+      t0 = Clock::now();
+      for (int64_t i = 0; i < n; ++i) {  // the same two passes of double exp per logit
+        const float* z = logits.data() + i * V;
+        const float max_z = *std::max_element(z, z + V);
+        double sum_exp = 0;
+        for (int64_t v = 0; v < V; ++v) sum_exp += std::exp(double(z[v] - max_z));
+        const double log_sum = std::log(sum_exp) + max_z;
+        for (int64_t v = 0; v < V; ++v) sink += std::exp(double(z[v]) - log_sum);
+      }
+      ce += seconds_since(t0);
+    }
+    if (sink < 0) std::cerr << sink;
+    lm_head_s.push_back(lm);
+    ce_s.push_back(ce);
+  }
+  nlohmann::ordered_json j;
+  j["merge_lora_ms"] = 1e3 * median(merge_s);
+  j["forward_and_loss_ms"] = 1e3 * median(forward_s);
+  j["forward_backward_ms"] = 1e3 * median(fb_s);
+  j["backward_ms"] = 1e3 * (median(fb_s) - median(forward_s));
+  j["lora_backward_ms"] = 1e3 * median(lora_bw_s);
+  j["lm_head_forward_ms"] = 1e3 * median(lm_head_s);
+  j["cross_entropy_loop_ms"] = 1e3 * median(ce_s);  // one of forward_backward's loops, serial
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse_args(argc, argv);
+  try {
+    // Same thread count for our OpenMP loops and OpenBLAS (one libgomp pool).
+    omp_set_num_threads(o.threads);
+    openblas_set_num_threads(o.threads);
+    const GemmaConfig c = bench_config(o);
+    const int64_t B = o.batch, T = o.seq_len, M = B * T, V = c.vocab_size;
+
+    auto t0 = Clock::now();
+    GemmaModel model = random_model(c, 1234, DType::F32);
+    const double init_s = seconds_since(t0);
+    std::cerr << "bench_train: " << o.shape << " L" << c.num_layers << ": random weights in " << init_s << " s\n";
+
+    LoraWeights lora = enable_lora(c, o.rank, {Slot::Query, Slot::Value}, 7);
+    SplitMix64 rng{99};
+    for (LoraAdapter& ad : lora.adapters)  // B = 0 would leave ∂L/∂A = 0; make every gradient real
+      for (float& b : ad.b) b = 0.01f * rng.normal();
+
+    Batch batch;
+    batch.batch_size = B;
+    batch.seq_len = T;
+    batch.token_ids.resize(size_t(M));
+    batch.targets.resize(size_t(M));
+    for (int64_t m = 0; m < M; ++m) {
+      batch.token_ids[size_t(m)] = int32_t(rng.next() % uint64_t(V));
+      batch.targets[size_t(m)] = int32_t(rng.next() % uint64_t(V));
+    }
+    batch.padding_mask.assign(size_t(M), 1);
+    batch.sample_weight.assign(size_t(M), 1.f);
+
+    std::vector<std::pair<std::string, HostTensor>> dump;
+    auto dump_floats = [&](const std::string& name, const float* p, Shape shape) {
+      HostTensor t = HostTensor::allocate(DType::F32, shape);
+      std::copy(p, p + num_elements(shape), t.mutable_as<float>());
+      dump.emplace_back(name, t);
+    };
+    if (!o.dump.empty()) {  // the inputs, before the Trainer takes the model
+      check(V * c.hidden_dim <= (int64_t(1) << 26), "--dump is meant for small shapes");
+      const int64_t D = c.hidden_dim;
+      auto mat = [&](const std::string& name, const WeightMatrix& w) { dump_floats(name, w.f32(), {w.rows, w.cols}); };
+      mat("embed", model.embeddings);
+      dump_floats("final_norm", model.final_norm.data(), {D});
+      for (int i = 0; i < c.num_layers; ++i) {
+        const DecoderLayerWeights& l = model.layers[size_t(i)];
+        const std::string p = std::to_string(i).insert(0, 1, 'l') + ".";
+        dump_floats(p + "pre_attention_norm", l.pre_attention_norm.data(), {D});
+        dump_floats(p + "pre_ffw_norm", l.pre_ffw_norm.data(), {D});
+        mat(p + "q", l.query);
+        mat(p + "k", l.key);
+        mat(p + "v", l.value);
+        mat(p + "o", l.attention_output);
+        mat(p + "gate", l.ffw_gating);
+        mat(p + "up", l.ffw_gating_2);
+        mat(p + "down", l.ffw_linear);
+      }
+      for (const LoraAdapter& ad : lora.adapters) {
+        const std::string p = std::to_string(ad.layer).insert(0, 1, 'l') + (ad.slot == Slot::Query ? ".lora_q_" : ".lora_v_");
+        dump_floats(p + "a", ad.a.data(), ad.a_shape);
+        dump_floats(p + "b", ad.b.data(), ad.b_shape);
+      }
+      HostTensor tok = HostTensor::allocate(DType::I32, {B, T}), tgt = HostTensor::allocate(DType::I32, {B, T});
+      std::copy(batch.token_ids.begin(), batch.token_ids.end(), tok.mutable_as<int32_t>());
+      std::copy(batch.targets.begin(), batch.targets.end(), tgt.mutable_as<int32_t>());
+      dump.emplace_back("tokens", tok);
+      dump.emplace_back("targets", tgt);
+    }
+
+    nlohmann::ordered_json phases;
+    if (o.breakdown) phases = breakdown(model, lora, batch, std::max(1, o.steps));
+
+    FitOptions fit;
+    fit.adamw.learning_rate = o.lr;
+    fit.adamw.weight_decay = 0.01;
+    fit.adamw.epsilon = 1e-7;
+    fit.progress = false;
+    Trainer trainer(std::move(model), lora, fit);
+
+    const CpuTimes cpu_start = cpu_times();
+    std::vector<double> step_s, losses;
+    for (int step = 0; step < o.warmup + o.steps; ++step) {
+      t0 = Clock::now();
+      const LossSums sums = trainer.train_step(batch, o.lr);
+      const double s = seconds_since(t0);
+      if (step >= o.warmup) step_s.push_back(s);
+      losses.push_back(sums.weighted_ce / double(M));
+      if (step == 0 && !o.dump.empty())  // the first step's gradients (still in place after it)
+        for (const Parameter& p : trainer.parameters()) dump_floats("grad/" + p.path, p.grad, p.shape);
+      std::cerr << "bench_train: step " << step << (step < o.warmup ? " (warm-up)" : "") << ": " << s * 1e3
+                << " ms, loss " << losses.back() << "\n";
+    }
+    const CpuTimes cpu_end = cpu_times();
+    const double rss = peak_rss_gib();
+
+    if (!o.dump.empty()) {
+      const std::vector<float> loss_values(losses.begin(), losses.end());
+      dump_floats("losses", loss_values.data(), {int64_t(loss_values.size())});
+      write_safetensors(o.dump, dump,
+                        {{"num_layers", std::to_string(c.num_layers)}, {"vocab_size", std::to_string(V)},
+                         {"hidden_dim", std::to_string(c.hidden_dim)}, {"lr", std::to_string(o.lr)},
+                         {"rank", std::to_string(o.rank)}});
+      std::cerr << "bench_train: wrote " << o.dump << "\n";
+    }
+
+    const double step = median(step_s);
+    const FlopCount flops = count_flops(c, B, T, o.rank);
+    nlohmann::ordered_json j;
+    j["impl"] = "meshtune";
+    j["shape"] = o.shape;
+    j["layers"] = c.num_layers;
+    j["threads"] = o.threads;
+    j["batch"] = B;
+    j["seq_len"] = T;
+    j["lora_rank"] = o.rank;
+    j["params"] = c.num_parameters();
+    j["trainable_params"] = trainer.trainable_count();
+    j["steps"] = o.steps;
+    j["warmup"] = o.warmup;
+    j["init_s"] = init_s;
+    j["ms_per_step"] = 1e3 * step;
+    j["ms_per_step_min"] = 1e3 * *std::min_element(step_s.begin(), step_s.end());
+    j["ms_per_step_max"] = 1e3 * *std::max_element(step_s.begin(), step_s.end());
+    j["tokens_per_s"] = double(M) / step;
+    j["peak_rss_gib"] = rss;
+    j["gflop_per_step"] = flops.total() / 1e9;
+    j["gflop_forward"] = flops.forward / 1e9;
+    j["gflops"] = flops.total() / step / 1e9;
+    j["merged_lora_extra_gflop"] = flops.merged_extra / 1e9;  // executed on top of gflop_per_step
+    j["first_loss"] = losses.front();
+    j["last_loss"] = losses.back();
+    j["foreign_cpus"] = foreign_cpus(cpu_start, cpu_end);  // > ~0.1: another process competed
+    if (o.breakdown) j["breakdown"] = phases;
+    std::cout << j.dump() << std::endl;
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_train: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds bench_train, then for each row runs meshtune (bench_train) and the PyTorch reference
+# (bench/torch_lora_step.py, Debian's python3-torch) one after the other, each in its own process
+# (so peak RSS is per configuration and the two never hold a model at the same time), and prints
+# a table with the ratio torch ms/step ÷ meshtune ms/step (> 1: meshtune is faster).
+#
+#   bench/run_train.sh                        # rows: small, 2b with 2 layers, 2b with 18 layers
+#   ROWS="small 2b:2" RUNS=3 bench/run_train.sh --steps 5
+#
+# ROWS: shape[:layers] items. RUNS: runs per implementation and row (the table shows the median
+# of the runs' median ms/step). Extra arguments go to both programs. A PyTorch run that fails,
+# runs out of memory or takes longer than TORCH_TIMEOUT seconds (default 600) is reported in the
+# table instead of stopping the script. Before each run the script waits (up to 20 min) while an
+# inference benchmark (bench_inference, ./bw) is running. JSON lines go to $BENCH_OUT (default
+# build/bench/train.jsonl). See bench/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake --build build -j2 --target bench_train >&2
+out="${BENCH_OUT:-build/bench/train.jsonl}"
+rows="${ROWS:-small 2b:2 2b:18}"
+runs="${RUNS:-1}"
+torch_timeout="${TORCH_TIMEOUT:-600}"
+python=/usr/bin/python3  # Debian's interpreter, which has python3-torch
+mkdir -p "$(dirname "$out")"
+: > "$out"
+
+wait_for_quiet() {
+  local waited=0
+  while pgrep -f "bench_inference|/bw " > /dev/null && [ "$waited" -lt 1200 ]; do
+    [ "$waited" -eq 0 ] && echo "run_train: waiting for a running inference benchmark to finish" >&2
+    sleep 30
+    waited=$((waited + 30))
+  done
+}
+
+# run IMPL TIMEOUT CMD...: appends the program's JSON line to $out, or a line saying why there is none.
+run() {
+  local impl="$1" limit="$2" shape="$3" layers="$4"
+  shift 4
+  wait_for_quiet
+  local line rc=0
+  line=$(timeout "$limit" "$@" | tail -n 1) || rc=$?
+  if [ "$rc" -eq 0 ] && [ -n "$line" ]; then
+    echo "$line" | tee -a "$out"
+    return
+  fi
+  local why="failed (exit $rc)"
+  [ "$rc" -eq 124 ] && why="took longer than ${limit} s"
+  [ "$rc" -eq 137 ] && why="killed (out of memory?)"
+  echo "{\"impl\": \"$impl\", \"shape\": \"$shape\", \"layers\": $layers, \"error\": \"$why\"}" | tee -a "$out"
+}
+
+for row in $rows; do
+  shape="${row%%:*}"
+  layers=0
+  [ "$row" != "$shape" ] && layers="${row#*:}"
+  shown_layers=$layers
+  [ "$layers" -eq 0 ] && { [ "$shape" = small ] && shown_layers=2 || shown_layers=18; }
+  for ((r = 0; r < runs; r++)); do
+    run meshtune 3600 "$shape" "$shown_layers" ./build/bench/bench_train --shape "$shape" --layers "$layers" "$@"
+    run torch "$torch_timeout" "$shape" "$shown_layers" \
+      "$python" bench/torch_lora_step.py --shape "$shape" --layers "$layers" "$@"
+  done
+done
+
+"$python" - "$out" <<'PY'
+import json, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    if line.strip():
+        r = json.loads(line)
+        rows.setdefault((r["shape"], r["layers"]), {}).setdefault(r["impl"], []).append(r)
+
+def summary(runs):
+    ok = [r for r in (runs or []) if "error" not in r]
+    if not ok:
+        return None, (runs[0]["error"] if runs else "not run")
+    med = lambda k: statistics.median(r[k] for r in ok)
+    return {"ms": med("ms_per_step"), "tok": med("tokens_per_s"), "gflops": med("gflops"),
+            "rss": max(r["peak_rss_gib"] for r in ok), "busy": max(r["foreign_cpus"] for r in ok),
+            "gflop": ok[0]["gflop_per_step"], "n": len(ok)}, None
+
+head = ["row", "GFLOP/step", "meshtune ms/step", "tok/s", "GFLOP/s", "RSS GiB",
+        "torch ms/step", "tok/s", "GFLOP/s", "RSS GiB", "torch/meshtune", "runs", "busy CPUs"]
+cells = [head]
+for (shape, layers), impls in rows.items():
+    m, m_err = summary(impls.get("meshtune"))
+    t, t_err = summary(impls.get("torch"))
+    cell = [f"{shape} L{layers}", f"{(m or t or {}).get('gflop', 0):.1f}"]
+    for s, err in ((m, m_err), (t, t_err)):
+        cell += [f"{s['ms']:.1f}", f"{s['tok']:.0f}", f"{s['gflops']:.1f}", f"{s['rss']:.2f}"] if s else [err, "-", "-", "-"]
+    cell.append(f"{t['ms'] / m['ms']:.2f}" if m and t else "-")
+    cell.append(f"{(m or {}).get('n', 0)}/{(t or {}).get('n', 0)}")
+    cell.append(f"{max((m or {}).get('busy', 0), (t or {}).get('busy', 0)):.2f}")
+    cells.append(cell)
+widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+for n, row in enumerate(cells):
+    print(" | ".join(c.rjust(w) for c, w in zip(row, widths)))
+    if n == 0:
+        print("-+-".join("-" * w for w in widths))
+print("torch/meshtune = torch ms/step ÷ meshtune ms/step (> 1: meshtune faster); busy CPUs = most CPUs other "
+      "processes kept busy during a run's timed steps (> ~0.1: the numbers are disturbed)")
+PY
