@@ -63,6 +63,31 @@ GemmaModel ShardedModel::materialize() const {
   return m;
 }
 
+GemmaModel ShardedModel::materialize_by_layer() const {
+  GemmaModel m = model_;
+  for (const Block& b : blocks_) {
+    if (b.spec.layer >= 0) continue;  // embeddings and the final norm: whole for the whole step
+    std::vector<float> full(static_cast<size_t>(b.shard.full_size()));
+    gather_full(b.values.data(), b.shard, *mesh_, full.data());
+    set_variable(m, b.spec, std::move(full));
+  }
+  m.layer_source = [this](int layer) {
+    DecoderLayerWeights w = model_.layers[size_t(layer)];
+    for (const Block& b : blocks_) {
+      if (b.spec.layer != layer) continue;
+      std::vector<float> full(static_cast<size_t>(b.shard.full_size()));
+      gather_full(b.values.data(), b.shard, *mesh_, full.data());
+      if (WeightMatrix* matrix = w.matrix(b.spec.slot)) {
+        *matrix = WeightMatrix::from_f32(b.spec.hf_shape[0], b.shard.full_size() / b.spec.hf_shape[0], std::move(full));
+      } else {
+        *w.vector(b.spec.slot) = std::move(full);
+      }
+    }
+    return w;
+  };
+  return m;
+}
+
 size_t ShardedModel::held_bytes() const {
   size_t bytes = model_.weight_bytes();
   for (const Block& b : blocks_) bytes += b.values.size() * 4;

@@ -23,6 +23,10 @@ class ShardedModel {
   ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh& mesh);
 
   GemmaModel materialize() const;
+  // The same model, but decoder blocks are all-gathered only when the forward or backward pass
+  // reaches them (GemmaModel::layer_source), so one block is whole at a time. The ShardedModel must
+  // outlive the result; every process must run the same passes.
+  GemmaModel materialize_by_layer() const;
   const GemmaModel& replicated_part() const { return model_; }
   size_t held_bytes() const;  // weights held persistently by this process
   bool has_split() const { return !blocks_.empty(); }

@@ -162,7 +162,7 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   rmsnorm_backward(final_input.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, dx.data(), dx.data(),
                    grads->final_norm);
   for (int layer = c.num_layers - 1; layer >= 0; --layer)
-    decoder_block_backward(c, model.layers[size_t(layer)], layer, saved[size_t(layer)], B, T, batch.padding_mask,
+    decoder_block_backward(c, model.layer_weights(layer), layer, saved[size_t(layer)], B, T, batch.padding_mask,
                            grads->layers[size_t(layer)], dx);
   if (grads->embeddings) {
     const float embedding_scale = float(std::sqrt(double(D)));

@@ -23,35 +23,39 @@ size_t GemmaModel::weight_bytes() const {
   return total;
 }
 
-WeightMatrix* GemmaModel::matrix(Slot slot, int layer) {
-  if (slot == Slot::Embeddings) return &embeddings;
-  if (layer < 0) return nullptr;
-  DecoderLayerWeights& l = layers[size_t(layer)];
+WeightMatrix* DecoderLayerWeights::matrix(Slot slot) {
   switch (slot) {
-    case Slot::Query: return &l.query;
-    case Slot::Key: return &l.key;
-    case Slot::Value: return &l.value;
-    case Slot::AttentionOutput: return &l.attention_output;
-    case Slot::FfwGating: return &l.ffw_gating;
-    case Slot::FfwGating2: return &l.ffw_gating_2;
-    case Slot::FfwLinear: return &l.ffw_linear;
+    case Slot::Query: return &query;
+    case Slot::Key: return &key;
+    case Slot::Value: return &value;
+    case Slot::AttentionOutput: return &attention_output;
+    case Slot::FfwGating: return &ffw_gating;
+    case Slot::FfwGating2: return &ffw_gating_2;
+    case Slot::FfwLinear: return &ffw_linear;
     default: return nullptr;
   }
 }
 
-std::vector<float>* GemmaModel::vector(Slot slot, int layer) {
-  if (slot == Slot::FinalNorm) return &final_norm;
-  if (layer < 0) return nullptr;
-  DecoderLayerWeights& l = layers[size_t(layer)];
+std::vector<float>* DecoderLayerWeights::vector(Slot slot) {
   switch (slot) {
-    case Slot::PreAttentionNorm: return &l.pre_attention_norm;
-    case Slot::PostAttentionNorm: return &l.post_attention_norm;
-    case Slot::PreFfwNorm: return &l.pre_ffw_norm;
-    case Slot::PostFfwNorm: return &l.post_ffw_norm;
-    case Slot::QueryNorm: return &l.query_norm;
-    case Slot::KeyNorm: return &l.key_norm;
+    case Slot::PreAttentionNorm: return &pre_attention_norm;
+    case Slot::PostAttentionNorm: return &post_attention_norm;
+    case Slot::PreFfwNorm: return &pre_ffw_norm;
+    case Slot::PostFfwNorm: return &post_ffw_norm;
+    case Slot::QueryNorm: return &query_norm;
+    case Slot::KeyNorm: return &key_norm;
     default: return nullptr;
   }
+}
+
+WeightMatrix* GemmaModel::matrix(Slot slot, int layer) {
+  if (slot == Slot::Embeddings) return &embeddings;
+  return layer >= 0 ? layers[size_t(layer)].matrix(slot) : nullptr;
+}
+
+std::vector<float>* GemmaModel::vector(Slot slot, int layer) {
+  if (slot == Slot::FinalNorm) return &final_norm;
+  return layer >= 0 ? layers[size_t(layer)].vector(slot) : nullptr;
 }
 
 KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s) : batch(b), capacity(s) {
@@ -172,7 +176,7 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
   BlockActivations scratch;
   for (int layer = 0; layer < c.num_layers; ++layer) {
     BlockActivations& a = saved ? (*saved)[size_t(layer)] : scratch;
-    decoder_block(c, model.layers[size_t(layer)], layer, x.data(), B, T, start, cache, a);
+    decoder_block(c, model.layer_weights(layer), layer, x.data(), B, T, start, cache, a);
     if (trace) trace->block_outputs.push_back(x);
   }
   rmsnorm(x.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, x.data());

@@ -6,6 +6,7 @@
 // prefill and single-token decode.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -24,6 +25,9 @@ struct DecoderLayerWeights {
   WeightMatrix ffw_gating;        // (F, D) gate
   WeightMatrix ffw_gating_2;      // (F, D) up
   WeightMatrix ffw_linear;        // (D, F) down
+
+  WeightMatrix* matrix(Slot slot);         // nullptr for norm slots
+  std::vector<float>* vector(Slot slot);   // nullptr for matrix slots
 };
 
 struct GemmaModel {
@@ -31,6 +35,12 @@ struct GemmaModel {
   WeightMatrix embeddings;  // (V, D), tied with the output projection
   std::vector<DecoderLayerWeights> layers;
   std::vector<float> final_norm;  // (D,)
+  // Optional: builds a block's weights on demand (e.g. all-gathered from this process' blocks,
+  // with LoRA merged in) so that only one block is whole at a time. Unset: `layers` is used.
+  std::function<DecoderLayerWeights(int layer)> layer_source;
+  DecoderLayerWeights layer_weights(int layer) const {
+    return layer_source ? layer_source(layer) : layers[size_t(layer)];
+  }
 
   size_t weight_bytes() const;  // bytes of all weights as stored in memory
 

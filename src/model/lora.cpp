@@ -194,16 +194,31 @@ std::vector<float> lora_delta(const GemmaConfig& config, const LoraAdapter& ad, 
   return delta;
 }
 
-GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora) {
-  validate_lora(base.config, lora, "merge_lora");
-  GemmaModel merged = base;  // WeightMatrix copies share storage
+// W_eff = W + ΔW for the adapters of one decoder block.
+static void merge_layer(const GemmaConfig& config, const LoraWeights& lora, int layer, DecoderLayerWeights& w) {
   for (const LoraAdapter& ad : lora.adapters) {
-    WeightMatrix& m = *merged.matrix(ad.slot, ad.layer);
-    const std::vector<float> delta = lora_delta(base.config, ad, lora.scale());
+    if (ad.layer != layer) continue;
+    WeightMatrix& m = *w.matrix(ad.slot);
+    const std::vector<float> delta = lora_delta(config, ad, lora.scale());
     std::vector<float> values = m.to_f32();
     for (size_t i = 0; i < values.size(); ++i) values[i] += delta[i];
     m = WeightMatrix::from_f32(m.rows, m.cols, std::move(values));
   }
+}
+
+GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora) {
+  validate_lora(base.config, lora, "merge_lora");
+  GemmaModel merged = base;  // WeightMatrix copies share storage
+  if (base.layer_source) {  // blocks built on demand: merge each as it is built
+    merged.layer_source = [source = base.layer_source, lora, config = base.config](int layer) {
+      DecoderLayerWeights w = source(layer);
+      merge_layer(config, lora, layer, w);
+      return w;
+    };
+    return merged;
+  }
+  for (int layer = 0; layer < base.config.num_layers; ++layer)
+    merge_layer(base.config, lora, layer, merged.layers[size_t(layer)]);
   return merged;
 }
 

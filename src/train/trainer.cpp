@@ -220,7 +220,8 @@ void Trainer::accumulate_gradients(const Batch& global_batch, double loss_scale,
     return;
   }
   for (auto& g : lora_weight_grads_) std::fill(g.begin(), g.end(), 0.f);
-  GemmaModel merged = merge_lora(materialize(), *lora_);
+  // The frozen base is all-gathered one block at a time as the passes reach it.
+  GemmaModel merged = merge_lora(frozen_.has_split() ? frozen_.materialize_by_layer() : model_, *lora_);
   LossSums s = forward_backward(merged, tb, loss_scale, &grads_);
   for (size_t i = 0; i < lora_->adapters.size(); ++i)
     lora_backward(model_.config, lora_->adapters[i], lora_->scale(), lora_weight_grads_[i].data());

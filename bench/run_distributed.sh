@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# LoRA fine-tuning of the tiny Gemma 2 model on one process against two MPI ranks: tokens/s and the
+# time per step spent in collectives, for
+#   1 rank  × 2 threads (no mesh)
+#   2 ranks × 1 thread  --mesh 1x2 --layout auto   (model axis 2: KerasHub's layout map, split weights)
+#   2 ranks × 1 thread  --mesh 2x1 --layout auto   (batch axis 2 + the layout map's splits over it)
+#   2 ranks × 1 thread  --mesh 2x1                 (DataParallel: replicated weights, gradient sums)
+# Each configuration runs RUNS times (default 3); the table shows medians. Per run, from finetune's
+# final JSON line: tokens/s = steps·batch·seq_len / train_seconds, collective ms/step =
+# 1000·collective_seconds / steps (rank 0's wall time inside MPI calls, waiting included).
+#
+#   bench/run_distributed.sh                   # STEPS=30 BATCH=4 SEQ_LEN=128 RUNS=3
+# JSON lines go to $BENCH_OUT (default build/bench/distributed.jsonl). See bench/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake --build build -j2 --target meshtune >&2
+out="${BENCH_OUT:-build/bench/distributed.jsonl}"
+model="${MODEL:-/tmp/bench-tiny}"
+runs="${RUNS:-3}"
+steps="${STEPS:-30}"
+batch="${BATCH:-4}"
+seq_len="${SEQ_LEN:-128}"
+mkdir -p "$(dirname "$out")"
+: > "$out"
+[ -f "$model/config.json" ] || ./build/meshtune init --config tiny-gemma2 "$model" >&2
+work=$(mktemp -d /tmp/meshtune-bench-dist.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# The built-in sample has 60 examples: 15 steps of 4 per epoch, so enough epochs for $steps steps.
+epochs=$(( (steps * batch + 59) / 60 ))
+common=(finetune "$model" --data sample --seq-len "$seq_len" --batch-size "$batch" --steps "$steps"
+        --epochs "$epochs" --lora-rank 4 --no-progress --no-shuffle)
+
+# Busy CPUs (all processes) over one second, from /proc/stat.
+busy_cpus() {
+  local a b
+  a=($(head -n 1 /proc/stat))
+  sleep 1
+  b=($(head -n 1 /proc/stat))
+  echo $(( (b[1] + b[2] + b[3] + b[6] + b[7] + b[8]) - (a[1] + a[2] + a[3] + a[6] + a[7] + a[8]) ))
+}
+
+# Waits (up to 20 min) while an inference benchmark (bench_inference, ./bw) runs, then (up to
+# 5 min) until other processes keep less than half a CPU busy: every number here assumes that
+# this run has both cores to itself. Runs anyway after that; the JSON's foreign_cpus tells.
+wait_for_quiet() {
+  local waited=0
+  while pgrep -f "bench_inference|/bw " > /dev/null && [ "$waited" -lt 1200 ]; do
+    [ "$waited" -eq 0 ] && echo "run_distributed: waiting for a running inference benchmark to finish" >&2
+    sleep 30
+    waited=$((waited + 30))
+  done
+  waited=0
+  while [ "$(busy_cpus)" -gt $(( $(getconf CLK_TCK) / 2 )) ] && [ "$waited" -lt 300 ]; do
+    [ "$waited" -eq 0 ] && echo "run_distributed: waiting for the machine to become idle" >&2
+    sleep 4
+    waited=$((waited + 5))
+  done
+}
+
+# measure NAME CMD...: runs CMD, takes its last stdout line (finetune's JSON result) and appends
+# {"config": NAME, ...result} to $out.
+measure() {
+  local name="$1"
+  shift
+  wait_for_quiet
+  local line
+  line=$("$@" --out "$work/$RANDOM" 2> "$work/stderr" | tail -n 1) || { cat "$work/stderr" >&2; exit 1; }
+  /usr/bin/python3 -c 'import json, sys; r = json.loads(sys.argv[2]); r["config"] = sys.argv[1]; print(json.dumps(r))' \
+    "$name" "$line" | tee -a "$out"
+}
+
+mpi=(mpirun --allow-run-as-root --oversubscribe -np 2 ./build/meshtune --threads 1)
+for ((r = 0; r < runs; r++)); do
+  measure "1 rank x 2 threads" ./build/meshtune --threads 2 "${common[@]}"
+  measure "2 ranks x 1 thread, mesh 1x2, layout auto" "${mpi[@]}" "${common[@]}" --mesh 1x2 --layout auto
+  measure "2 ranks x 1 thread, mesh 2x1, layout auto" "${mpi[@]}" "${common[@]}" --mesh 2x1 --layout auto
+  measure "2 ranks x 1 thread, mesh 2x1 (DataParallel)" "${mpi[@]}" "${common[@]}" --mesh 2x1
+done
+
+/usr/bin/python3 - "$out" "$batch" "$seq_len" <<'PY'
+import json, statistics, sys
+batch, seq_len = int(sys.argv[2]), int(sys.argv[3])
+by = {}
+for line in open(sys.argv[1]):
+    if line.strip():
+        r = json.loads(line)
+        by.setdefault(r["config"], []).append(r)
+head = ["configuration", "steps", "tokens/s", "ms/step", "collective ms/step", "collective share", "runs"]
+cells = [head]
+base = None
+for name, rs in by.items():
+    med = lambda f: statistics.median(f(r) for r in rs)
+    tok = med(lambda r: r["steps"] * batch * seq_len / r["train_seconds"])
+    ms = med(lambda r: 1e3 * r["train_seconds"] / r["steps"])
+    coll = med(lambda r: 1e3 * r["collective_seconds"] / r["steps"])
+    base = base or tok
+    cells.append([name, str(rs[0]["steps"]), f"{tok:.0f} ({tok / base:.2f}x)", f"{ms:.1f}", f"{coll:.1f}",
+                  f"{coll / ms:.0%}", str(len(rs))])
+widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+for n, row in enumerate(cells):
+    print(" | ".join((c.ljust(w) if i == 0 else c.rjust(w)) for i, (c, w) in enumerate(zip(row, widths))))
+    if n == 0:
+        print("-+-".join("-" * w for w in widths))
+print("medians over runs; (Nx) = tokens/s relative to the first row; collective ms/step = rank 0's time inside MPI "
+      "calls (waiting for the other rank included) / steps")
+PY
