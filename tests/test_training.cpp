@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "io/keras_h5.h"
 #include "model/backward.h"
 #include "model/init.h"
 #include "model/load.h"
@@ -251,6 +252,53 @@ TEST(FinetuneCli, BadArgumentsAreClearErrors) {
   CommandResult none = run_meshtune("finetune " + model + " --data " + empty + " --out " + root + "/o");
   EXPECT_EQ(none.exit_code, 1);
   EXPECT_NE(none.err.find("empty.jsonl"), std::string::npos) << none.err;
+}
+
+}  // namespace
+
+namespace {
+
+// Ctrl-C (SIGINT) saves a checkpoint and exits with 130; --resume then finishes the run.
+TEST(Interrupt, SigintSavesAndExitsCleanly) {
+  const std::string root = make_temp_dir("sigint");
+  ASSERT_EQ(run_meshtune("init " + root + "/tiny").exit_code, 0);
+  const std::string args = "finetune " + root + "/tiny --data sample --seq-len 16 --batch-size 4 --epochs 200 "
+                           "--no-progress --out " + root + "/run";
+  // Background the run, interrupt it once it has started training, and wait for it.
+  const std::string script = root + "/interrupt.sh";
+  std::ofstream(script) << "'" << MESHTUNE_BINARY << "' " << args << " >" << root << "/out 2>" << root << "/err &\n"
+                        << "pid=$!\n"
+                        << "for i in $(seq 100); do grep -q 'trainable params' " << root << "/err && break; sleep 0.1; done\n"
+                        << "sleep 0.3\nkill -INT $pid\nwait $pid\necho $? >" << root << "/rc\n";
+  ASSERT_EQ(std::system(("bash " + script).c_str()), 0);
+  EXPECT_EQ(read_text_file(root + "/rc"), "130\n") << read_text_file(root + "/err");
+  EXPECT_NE(read_text_file(root + "/err").find("interrupted: saved"), std::string::npos);
+  EXPECT_TRUE(fs::exists(root + "/run/checkpoint.safetensors"));
+  EXPECT_FALSE(fs::exists(root + "/run/adapter.lora.h5"));
+}
+
+// export --lora merges an adapter into a Keras preset or an HF checkpoint that give the same logits
+// as generating with the adapter.
+TEST(Export, MergedAdapterExportsMatchTheAdapter) {
+  const std::string root = make_temp_dir("export");
+  const std::string model = fixture("keras/preset-gemma-tiny");
+  const std::string adapter = fixture("keras/lora-gemma-tiny/adapter.lora.h5");
+  const std::string ids = fixture("keras/outputs-gemma-tiny/token_ids.npy");
+  ASSERT_EQ(run_meshtune("export " + model + " --lora " + adapter + " --to keras " + root + "/k").exit_code, 0);
+  ASSERT_EQ(run_meshtune("export " + model + " --lora " + adapter + " --to hf " + root + "/h").exit_code, 0);
+  ASSERT_EQ(run_meshtune("logits " + model + " --lora " + adapter + " --token-ids " + ids + " --out " + root + "/a.npy").exit_code, 0);
+  ASSERT_EQ(run_meshtune("logits " + root + "/k --token-ids " + ids + " --out " + root + "/b.npy").exit_code, 0);
+  ASSERT_EQ(run_meshtune("logits " + root + "/h --token-ids " + ids + " --out " + root + "/c.npy").exit_code, 0);
+  EXPECT_EQ(read_text_file(root + "/a.npy"), read_text_file(root + "/b.npy"));
+  EXPECT_EQ(read_text_file(root + "/a.npy"), read_text_file(root + "/c.npy"));
+  // Keras' own merged checkpoint (model_with_lora.weights.h5) equals our merged Keras weights.
+  auto ours = read_h5_datasets(root + "/k/model.weights.h5");
+  auto keras = read_h5_datasets(fixture("keras/lora-gemma-tiny/model_with_lora.weights.h5"));
+  for (const auto& [name, t] : ours) {
+    auto it = keras.find(name);
+    ASSERT_NE(it, keras.end()) << name;
+    EXPECT_EQ(to_f32(t), to_f32(it->second)) << name;
+  }
 }
 
 }  // namespace
