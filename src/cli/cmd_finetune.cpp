@@ -3,6 +3,8 @@
 // --out: checkpoint.safetensors (resumable), and at the end the LoRA adapter as Keras
 // `adapter.lora.h5` and as a PEFT directory `adapter/`, or for --full a Keras preset `model/`.
 #include <chrono>
+#include <malloc.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -23,6 +25,12 @@
 namespace meshtune::cli {
 
 static std::atomic<bool> g_stop{false};
+
+// Bytes currently allocated through malloc (glibc's mallinfo2: small blocks plus mmap'd ones).
+static size_t allocated_bytes() {
+  const struct mallinfo2 info = mallinfo2();
+  return info.uordblks + info.hblkhd;
+}
 static void request_stop(int) { g_stop.store(true); }
 
 static std::vector<std::string> split_commas(const std::string& s) {
@@ -100,7 +108,11 @@ Runner add_finetune_command(CLI::App& app) {
     check(o->batch_size >= 1, "--batch-size must be at least 1, got ", o->batch_size);
     check(o->epochs >= 1, "--epochs must be at least 1, got ", o->epochs);
     check(!(o->full && (o->lora_rank > 0 || !o->lora_init.empty())), "--full cannot be combined with LoRA options");
-    LoadedModel loaded = load_model_and_tokenizer(o->model, true);
+    // Pre-tokenized data needs no tokenizer (unless samples are asked for).
+    const bool pretokenized = o->data.rfind("npy:", 0) == 0 ||
+                              (o->data.size() > 4 && o->data.compare(o->data.size() - 4, 4, ".npy") == 0);
+    LoadedModel loaded =
+        load_model_and_tokenizer(o->model, !pretokenized || !o->sample_prompts.empty() || !o->validation_data.empty());
     const GemmaConfig config = loaded.model.config;
 
     Dataset dataset = load_dataset(o->data, o->text_field);
@@ -159,11 +171,13 @@ Runner add_finetune_command(CLI::App& app) {
       fit.progress = false;
     }
     const size_t one_device_bytes = loaded.model.weight_bytes();
-    const std::vector<int> stop_ids = default_stop_token_ids(loaded.model, *loaded.tokenizer);
+    const std::vector<int> stop_ids =
+        loaded.tokenizer ? default_stop_token_ids(loaded.model, *loaded.tokenizer) : std::vector<int>{1};
     Trainer trainer(std::move(loaded.model), lora, fit, o->mesh.make_distribution(mesh.get(), config));
-    if (mesh && main_process)
-      std::cerr << "mesh " << mesh->describe() << ": this process holds " << trainer.held_weight_bytes()
-                << " bytes of weights (one device would hold " << one_device_bytes << ")\n";
+    if (main_process)  // what sharding saves, from our tables and from the allocator
+      std::cerr << (mesh ? "mesh " + mesh->describe() : std::string("one device")) << ": this process holds "
+                << trainer.held_weight_bytes() << " bytes of weights (one device: " << one_device_bytes
+                << "); allocator: " << allocated_bytes() << " bytes in use\n";
     if (o->resume) {
       check(fs::exists(fit.checkpoint_path), "--resume: no checkpoint at ", fit.checkpoint_path);
       trainer.load_checkpoint(fit.checkpoint_path);

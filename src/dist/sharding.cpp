@@ -54,34 +54,55 @@ std::vector<float> take_block(const float* full, const ShardSpec& s) {
   return block;
 }
 
+// Places `parts` member blocks of shape `cur` (concatenated in member order) into `out`, member m
+// at offset m·cur[d] along dimension d.
+static void interleave(const float* gathered, std::array<int64_t, 3> cur, int d, int parts, float* out) {
+  std::array<int64_t, 3> next = cur;
+  next[size_t(d)] *= parts;
+  const size_t count = size_t(cur[0] * cur[1] * cur[2]);
+  for (int m = 0; m < parts; ++m)
+    for (int64_t a = 0; a < cur[0]; ++a)
+      for (int64_t b = 0; b < cur[1]; ++b) {
+        const float* src = gathered + size_t(m) * count + size_t((a * cur[1] + b) * cur[2]);
+        const int64_t na = a + (d == 0 ? m * cur[0] : 0), nb = b + (d == 1 ? m * cur[1] : 0),
+                      nc = d == 2 ? m * cur[2] : 0;
+        std::copy(src, src + cur[2], out + (na * next[1] + nb) * next[2] + nc);
+      }
+}
+
 void gather_full(const float* block, const ShardSpec& s, DeviceMesh& mesh, float* full) {
-  // Grow the block one split dimension at a time: all-gather along that dimension's axis (members
-  // come in coordinate order), then interleave the members' blocks along the dimension.
-  std::array<int64_t, 3> cur = s.local;
-  std::vector<float> current(block, block + s.local_size());
-  for (int d = 0; d < 3; ++d) {
-    if (s.axis[size_t(d)] < 0) continue;
+  std::vector<int> split_dims;
+  for (int d = 0; d < 3; ++d)
+    if (s.axis[size_t(d)] >= 0) split_dims.push_back(d);
+  const size_t count = size_t(s.local_size());
+  if (split_dims.empty()) {
+    std::copy(block, block + count, full);
+    return;
+  }
+  if (split_dims.size() == 1) {  // the common case: one all-gather, at most one reordering copy
+    const int d = split_dims[0];
     Communicator& comm = mesh.axis_comm(s.axis[size_t(d)]);
-    const int parts = comm.size();
-    const size_t count = current.size();
-    std::vector<float> gathered(count * size_t(parts));
-    comm.all_gather(current.data(), count, gathered.data());
-    std::array<int64_t, 3> next = cur;
-    next[size_t(d)] *= parts;
-    std::vector<float> grown(count * size_t(parts));
-    for (int m = 0; m < parts; ++m)
-      for (int64_t a = 0; a < cur[0]; ++a)
-        for (int64_t b = 0; b < cur[1]; ++b) {
-          std::array<int64_t, 2> at = {a, b};
-          const float* src = gathered.data() + size_t(m) * count + size_t((a * cur[1] + b) * cur[2]);
-          int64_t na = at[0], nb = at[1], nc = 0;
-          if (d == 0) na += m * cur[0];
-          if (d == 1) nb += m * cur[1];
-          if (d == 2) nc = m * cur[2];
-          std::copy(src, src + cur[2], grown.begin() + long((na * next[1] + nb) * next[2] + nc));
-        }
+    bool outermost = true;  // members' blocks are then consecutive in the whole variable
+    for (int e = 0; e < d; ++e) outermost = outermost && s.full[size_t(e)] == 1;
+    if (outermost) {
+      comm.all_gather(block, count, full);
+      return;
+    }
+    std::vector<float> gathered(count * size_t(comm.size()));
+    comm.all_gather(block, count, gathered.data());
+    interleave(gathered.data(), s.local, d, comm.size(), full);
+    return;
+  }
+  // Several split dimensions: grow the block one dimension at a time.
+  std::array<int64_t, 3> cur = s.local;
+  std::vector<float> current(block, block + count);
+  for (int d : split_dims) {
+    Communicator& comm = mesh.axis_comm(s.axis[size_t(d)]);
+    std::vector<float> gathered(current.size() * size_t(comm.size())), grown(gathered.size());
+    comm.all_gather(current.data(), current.size(), gathered.data());
+    interleave(gathered.data(), cur, d, comm.size(), grown.data());
+    cur[size_t(d)] *= comm.size();
     current.swap(grown);
-    cur = next;
   }
   std::copy(current.begin(), current.end(), full);
 }

@@ -143,7 +143,7 @@ GemmaModel Trainer::materialize() const { return frozen_.has_split() ? frozen_.m
 bool Trainer::is_main_process() const { return !dist_.mesh || dist_.mesh->comm().rank() == 0; }
 
 size_t Trainer::held_weight_bytes() const {
-  if (lora_ && dist_.mesh) return frozen_.held_bytes();
+  if (lora_) return dist_.mesh ? frozen_.held_bytes() : model_.weight_bytes();
   size_t bytes = 0;  // full fine-tuning: the blocks the optimizer owns, or whole replicated weights
   for (const Trainable& t : trainables_) bytes += (t.shard.split() ? t.block.size() : t.size) * 4;
   return bytes;
