@@ -58,7 +58,7 @@ float sum_floats(const float* p, size_t n) {
   for (auto& v : a) v = _mm512_setzero_ps();
   size_t i = 0;
   for (; i + 128 <= n; i += 128)
-    for (int j = 0; j < 8; ++j) a[j] = _mm512_add_ps(a[j], _mm512_load_ps(p + i + 16 * j));
+    for (int j = 0; j < 8; ++j) a[j] = _mm512_add_ps(a[j], _mm512_loadu_ps(p + i + 16 * j));
   for (int j = 1; j < 8; ++j) a[0] = _mm512_add_ps(a[0], a[j]);
   float s = _mm512_reduce_add_ps(a[0]);
 #else
@@ -108,23 +108,28 @@ double copy_gbps(size_t bytes, int reps) {
   return median(rates);
 }
 
+double read_gbps_once(const void* p, size_t bytes, int threads) {
+  const float* f = static_cast<const float*>(p);
+  static volatile float sink = 0;  // keeps the sums alive
+  float total = 0;
+  auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    size_t begin, end;
+    share(bytes, omp_get_thread_num(), omp_get_num_threads(), begin, end);
+    total += sum_floats(f + begin / 4, (end - begin) / 4);
+  }
+  const double s = seconds_since(t0);
+  sink = sink + total;
+  return double(bytes) / s / 1e9;
+}
+
 double read_gbps(size_t bytes, int reps, int threads) {
   AlignedBuffer buf(bytes);
-  const float* p = reinterpret_cast<const float*>(buf.data());
   std::vector<double> rates;
-  volatile float sink = 0;  // keeps the sums alive
   for (int r = 0; r < reps + 1; ++r) {
-    float total = 0;
-    auto t0 = Clock::now();
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-    {
-      size_t begin, end;
-      share(bytes, omp_get_thread_num(), omp_get_num_threads(), begin, end);
-      total += sum_floats(p + begin / 4, (end - begin) / 4);
-    }
-    const double s = seconds_since(t0);
-    sink = sink + total;
-    if (r > 0) rates.push_back(double(bytes) / s / 1e9);
+    const double rate = read_gbps_once(buf.data(), bytes, threads);
+    if (r > 0) rates.push_back(rate);  // r = 0 is a warm-up
   }
   return median(rates);
 }

@@ -15,6 +15,10 @@ double sgemm_gflops(int M, int N, int K, bool b_transposed, int reps);
 // GB/s = bytes copied / s (1 GB = 1e9 bytes); the memory traffic is about twice that (read + write).
 double copy_gbps(size_t bytes, int reps);
 
+// One read-bandwidth sample over memory that already exists (the model's own weights, between
+// benchmark repeats): `threads` threads sum their shares of `bytes` at `p` as below. GB/s.
+double read_gbps_once(const void* p, size_t bytes, int threads);
+
 // Read bandwidth: each of `threads` threads sums its share of a `bytes` float array with AVX-512
 // (eight independent accumulators, so the adds never limit). GB/s = bytes read / s.
 double read_gbps(size_t bytes, int reps, int threads);

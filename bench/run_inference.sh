@@ -12,19 +12,30 @@ for dtype in f32 bf16; do
   ./build/bench/bench_inference --dtype "$dtype" "$@" | tee -a "$out"
 done
 python3 - "$out" <<'PY'
+# One column per configuration, one row per number.
 import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-cols = [("dtype", "dtype", "{}"), ("layers", "layers", "{}"), ("load s", "load_s", "{:.3f}"),
-        ("1st prefill s", "first_prefill_s", "{:.2f}"), ("prefill tok/s", "prefill_tok_s", "{:.1f}"),
-        ("prefill GFLOP/s", "prefill_gflops", "{:.1f}"), ("vs sgemm", "prefill_vs_sgemm", "{:.2f}"),
-        ("decode tok/s", "decode_tok_s", "{:.2f}"), ("bound tok/s", "bound_tok_s", "{:.2f}"),
-        ("ratio", "bound_ratio", "{:.2f}"), ("GB/token", "weight_bytes_per_token", "{:.2e}"),
-        ("peak RSS GiB", "peak_rss_gib", "{:.2f}"), ("sgemm GFLOP/s", "sgemm_gflops", "{:.1f}"),
-        ("copy GB/s", "copy_gbps", "{:.1f}"), ("read GB/s", "read_gbps", "{:.1f}")]
-cells = [[h for h, _, _ in cols]] + [[f.format(r[k]) for _, k, f in cols] for r in rows]
-for row in cells: row[10] = row[10] if row is cells[0] else "{:.2f}".format(float(row[10]) / 1e9)
-widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-for n, row in enumerate(cells):
-    print(" | ".join(c.rjust(w) for c, w in zip(row, widths)))
-    if n == 0: print("-+-".join("-" * w for w in widths))
+runs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+rows = [("layers", lambda r: f"{r['layers']}"),
+        ("load s (inspect + load_model)", lambda r: f"{r['load_s']:.3f}"),
+        ("first prefill s (page faults)", lambda r: f"{r['first_prefill_s']:.2f}"),
+        ("prefill tok/s", lambda r: f"{r['prefill_tok_s']:.1f}"),
+        ("prefill GFLOP/s", lambda r: f"{r['prefill_gflops']:.1f}"),
+        ("prefill / sgemm", lambda r: f"{r['prefill_vs_sgemm']:.2f}"),
+        ("decode tok/s", lambda r: f"{r['decode_tok_s']:.2f}"),
+        ("weight GB per token", lambda r: f"{r['weight_bytes_per_token'] / 1e9:.2f}"),
+        ("read GB/s during runs", lambda r: f"{r['read_gbps_during']:.1f}"),
+        ("bandwidth bound tok/s", lambda r: f"{r['bound_tok_s']:.2f}"),
+        ("bound ratio (1.0 = at bound)", lambda r: f"{r['bound_ratio']:.2f}"),
+        ("peak RSS GiB", lambda r: f"{r['peak_rss_gib']:.2f}"),
+        ("sgemm 2048^3 GFLOP/s", lambda r: f"{r['sgemm_gflops']:.1f}"),
+        ("sgemm 128x16384x2048 GFLOP/s", lambda r: f"{r['sgemm_prefill_shape_gflops']:.1f}"),
+        ("copy GB/s (1 GiB memcpy)", lambda r: f"{r['copy_gbps']:.1f}"),
+        ("read GB/s (1 GiB sum)", lambda r: f"{r['read_gbps']:.1f}"),
+        ("read GB/s, 1 thread", lambda r: f"{r['read_gbps_1thread']:.1f}"),
+        ("foreign CPUs (>0.1: rerun)", lambda r: f"{r['foreign_cpus']:.2f}")]
+header = ["", *(r["dtype"] for r in runs)]
+table = [header] + [[name, *(fmt(r) for r in runs)] for name, fmt in rows]
+widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+for n, row in enumerate(table):
+    print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
 PY

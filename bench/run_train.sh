@@ -8,7 +8,8 @@
 #   ROWS="small 2b:2" RUNS=3 bench/run_train.sh --steps 5
 #
 # ROWS: shape[:layers] items. RUNS: runs per implementation and row (the table shows the median
-# of the runs' median ms/step). Extra arguments go to both programs. A PyTorch run that fails,
+# of the runs' median ms/step). BENCH_APPEND=1 keeps the lines of earlier runs in $BENCH_OUT (the
+# table then covers them too). Extra arguments go to both programs. A PyTorch run that fails,
 # runs out of memory or takes longer than TORCH_TIMEOUT seconds (default 600) is reported in the
 # table instead of stopping the script. Before each run the script waits (up to 20 min) while an
 # inference benchmark (bench_inference, ./bw) is running. JSON lines go to $BENCH_OUT (default
@@ -22,7 +23,7 @@ runs="${RUNS:-1}"
 torch_timeout="${TORCH_TIMEOUT:-600}"
 python=/usr/bin/python3  # Debian's interpreter, which has python3-torch
 mkdir -p "$(dirname "$out")"
-: > "$out"
+[ "${BENCH_APPEND:-0}" = 1 ] || : > "$out"  # BENCH_APPEND=1: add to earlier runs' lines
 
 # Busy CPUs (all processes) over one second, from /proc/stat.
 busy_cpus() {
@@ -93,6 +94,9 @@ def summary(runs):
     ok = [r for r in (runs or []) if "error" not in r]
     if not ok:
         return None, (runs[0]["error"] if runs else "not run")
+    # Runs during which other processes kept more than a quarter CPU busy are left out when an
+    # undisturbed run exists (on 2 cores a busy neighbour slows GEMMs and OpenMP barriers a lot).
+    ok = [r for r in ok if r["foreign_cpus"] <= 0.25] or ok
     med = lambda k: statistics.median(r[k] for r in ok)
     return {"ms": med("ms_per_step"), "tok": med("tokens_per_s"), "gflops": med("gflops"),
             "rss": max(r["peak_rss_gib"] for r in ok), "busy": max(r["foreign_cpus"] for r in ok),
@@ -108,7 +112,7 @@ for (shape, layers), impls in rows.items():
     for s, err in ((m, m_err), (t, t_err)):
         cell += [f"{s['ms']:.1f}", f"{s['tok']:.0f}", f"{s['gflops']:.1f}", f"{s['rss']:.2f}"] if s else [err, "-", "-", "-"]
     cell.append(f"{t['ms'] / m['ms']:.2f}" if m and t else "-")
-    cell.append(f"{(m or {}).get('n', 0)}/{(t or {}).get('n', 0)}")
+    cell.append(f"{(m or {}).get('n', 0)}/{(t or {}).get('n', 0)} of {len(impls.get('meshtune', []))}/{len(impls.get('torch', []))}")
     cell.append(f"{max((m or {}).get('busy', 0), (t or {}).get('busy', 0)):.2f}")
     cells.append(cell)
 widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
@@ -116,6 +120,7 @@ for n, row in enumerate(cells):
     print(" | ".join(c.rjust(w) for c, w in zip(row, widths)))
     if n == 0:
         print("-+-".join("-" * w for w in widths))
-print("torch/meshtune = torch ms/step ÷ meshtune ms/step (> 1: meshtune faster); busy CPUs = most CPUs other "
-      "processes kept busy during a run's timed steps (> ~0.1: the numbers are disturbed)")
+print("medians over runs; torch/meshtune = torch ms/step ÷ meshtune ms/step (> 1: meshtune faster); runs = runs "
+      "used (meshtune/torch) of those made; runs whose timed steps shared the CPUs with other processes (> 0.25 "
+      "busy CPUs) are left out when an undisturbed one exists; busy CPUs = the most among the runs used")
 PY
