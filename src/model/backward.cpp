@@ -114,7 +114,8 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   std::vector<int64_t> rows;
   for (int64_t m = 0; m < M; ++m)
     if (batch.sample_weight[m] != 0.f) rows.push_back(m);
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 24) / V));
+  // Rows per chunk: up to 256, with at most 64 Mi logits (256 MiB) at a time.
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 26) / V));
   std::vector<float> d_hidden(static_cast<size_t>(grads ? M * D : 0), 0.f);
   std::vector<float> h_chunk(static_cast<size_t>(chunk * D)), logits(static_cast<size_t>(chunk * V)),
       d_h_chunk(static_cast<size_t>(chunk * D));
@@ -125,28 +126,36 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
     for (int64_t i = 0; i < n; ++i)
       std::copy_n(hidden.begin() + rows[r0 + i] * D, D, h_chunk.begin() + i * D);
     lm_head(model, h_chunk.data(), n, logits.data());
+    // Per row: CE and argmax, then (training) overwrite the row with ∂L/∂raw_logits. Rows are
+    // independent, so they run in parallel; each row's exponentials are computed once.
+    std::vector<double> row_ce(static_cast<size_t>(n)), row_correct(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t m = rows[r0 + i];
+      const int64_t m = rows[r0 + size_t(i)];
       float* z = logits.data() + i * V;
       const int32_t y = batch.targets[m];
       const double w = batch.sample_weight[m];
       const int64_t best = std::max_element(z, z + V) - z;  // ties: first index, as Keras' argmax
-      const float max_z = z[best];
+      const float max_z = z[best], z_y = z[y];
       double sum_exp = 0;
       for (int64_t v = 0; v < V; ++v) sum_exp += std::exp(double(z[v] - max_z));
-      const double log_sum = std::log(sum_exp) + max_z;
-      sums.weighted_ce += w * (log_sum - z[y]);
-      sums.weighted_correct += w * (best == y ? 1.0 : 0.0);
-      sums.weight += w;
+      const double log_sum = std::log(sum_exp);
+      row_ce[size_t(i)] = w * (log_sum + max_z - z_y);
+      row_correct[size_t(i)] = w * (best == y ? 1.0 : 0.0);
       if (!grads) continue;
       // ∂(scale·w·CE)/∂z = scale·w·(softmax − onehot), through the final soft-cap if any.
-      const double factor = loss_scale * w;
+      const float factor = float(loss_scale * w), inv_sum = float(1.0 / sum_exp);
       for (int64_t v = 0; v < V; ++v) {
-        double dz = std::exp(double(z[v]) - log_sum) * factor;
+        float dz = std::exp(z[v] - max_z) * inv_sum * factor;
         if (v == y) dz -= factor;
-        if (cap > 0) dz *= 1.0 - double(z[v] / cap) * double(z[v] / cap);
-        z[v] = float(dz);  // the chunk's logits buffer now holds ∂L/∂raw_logits
+        if (cap > 0) dz *= 1.f - (z[v] / cap) * (z[v] / cap);
+        z[v] = dz;  // the chunk's logits buffer now holds ∂L/∂raw_logits
       }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      sums.weighted_ce += row_ce[size_t(i)];
+      sums.weighted_correct += row_correct[size_t(i)];
+      sums.weight += batch.sample_weight[rows[r0 + size_t(i)]];
     }
     if (!grads) continue;
     linear_backward_input(logits.data(), n, model.embeddings, d_h_chunk.data());
