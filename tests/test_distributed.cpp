@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "io/keras_h5.h"
@@ -40,6 +41,17 @@ struct RunResult {
   std::string generated;
 };
 
+// Runs a job; a launch that fails without any meshtune error (mpirun itself failing to start the
+// processes on an overloaded 2-core machine) is retried once, and its output is shown.
+CommandResult run_job_command(const std::string& args, const std::string& launcher) {
+  CommandResult r = run_meshtune(args, "", launcher);
+  if (r.exit_code != 0 && !launcher.empty() && r.err.find("meshtune: error") == std::string::npos) {
+    std::cerr << "mpirun launch failed (exit " << r.exit_code << "), retrying once:\n" << r.err << "\n";
+    r = run_meshtune(args, "", launcher);
+  }
+  return r;
+}
+
 std::map<std::string, std::vector<float>> floats_of(const std::map<std::string, HostTensor>& tensors) {
   std::map<std::string, std::vector<float>> out;
   for (const auto& [name, t] : tensors)
@@ -51,19 +63,19 @@ std::map<std::string, std::vector<float>> floats_of(const std::map<std::string, 
 RunResult run_job(const std::string& model, bool full, const std::string& mesh_args, int processes, const std::string& dir) {
   const std::string launcher = processes > 1 ? kMpirun + std::to_string(processes) + " " : "";
   const std::string mode = full ? " --full" : " --lora-rank 2 --lora-targets all";
-  CommandResult r = run_meshtune("--threads 1 finetune " + model + mode +
+  CommandResult r = run_job_command("--threads 1 finetune " + model + mode +
                                      " --data sample --seq-len 12 --batch-size 4 --steps 5 --lr 1e-2 --no-shuffle"
                                      " --no-progress --out " + dir + " --log-jsonl " + dir + "/log.jsonl " + mesh_args,
-                                 "", launcher);
+                                 launcher);
   EXPECT_EQ(r.exit_code, 0) << mesh_args << "\n" << r.err;
   RunResult result;
   std::istringstream log(read_text_file(dir + "/log.jsonl"));
   for (std::string line; std::getline(log, line);) result.losses.push_back(json::parse(line)["loss"].get<double>());
   if (full) result.weights = floats_of(read_keras_weights_dir(dir + "/model"));
   else result.weights = floats_of(read_safetensors(dir + "/adapter/adapter_model.safetensors"));
-  CommandResult g = run_meshtune("--threads 1 generate " + model + " --prompt 'The licenses' --max-length 12 --no-stop --json " +
-                                     (full ? "" : " --lora " + dir + "/adapter.lora.h5 ") + mesh_args,
-                                 "", launcher);
+  CommandResult g = run_job_command("--threads 1 generate " + model + " --prompt 'The licenses' --max-length 12 --no-stop --json " +
+                                         (full ? "" : " --lora " + dir + "/adapter.lora.h5 ") + mesh_args,
+                                     launcher);
   EXPECT_EQ(g.exit_code, 0) << g.err;
   result.generated = g.out;
   return result;
