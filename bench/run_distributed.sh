@@ -86,7 +86,7 @@ for line in open(sys.argv[1]):
     if line.strip():
         r = json.loads(line)
         by.setdefault(r["config"], []).append(r)
-head = ["configuration", "steps", "tokens/s", "ms/step", "collective ms/step", "collective share", "runs"]
+head = ["configuration", "steps", "tokens/s", "ms/step", "collective ms/step", "collective share", "final loss", "runs"]
 cells = [head]
 base = None
 for name, rs in by.items():
@@ -96,12 +96,13 @@ for name, rs in by.items():
     coll = med(lambda r: 1e3 * r["collective_seconds"] / r["steps"])
     base = base or tok
     cells.append([name, str(rs[0]["steps"]), f"{tok:.0f} ({tok / base:.2f}x)", f"{ms:.1f}", f"{coll:.1f}",
-                  f"{coll / ms:.0%}", str(len(rs))])
+                  f"{coll / ms:.0%}", f"{med(lambda r: r['loss']):.6f}", str(len(rs))])
 widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
 for n, row in enumerate(cells):
     print(" | ".join((c.ljust(w) if i == 0 else c.rjust(w)) for i, (c, w) in enumerate(zip(row, widths))))
     if n == 0:
         print("-+-".join("-" * w for w in widths))
 print("medians over runs; (Nx) = tokens/s relative to the first row; collective ms/step = rank 0's time inside MPI "
-      "calls (waiting for the other rank included) / steps")
+      "calls (waiting for the other rank included) / steps; final loss = the epoch's mean loss, the same in every "
+      "configuration when they train the same model")
 PY
