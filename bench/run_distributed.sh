@@ -58,16 +58,32 @@ wait_for_quiet() {
   done
 }
 
+# Busy clock ticks of the whole machine so far, and CPU seconds of this shell's finished children.
+# (`times` must run in this shell, not in a $(…) subshell, to see this shell's children.)
+machine_ticks() { awk 'NR == 1 { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
+children_cpu_s() { awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); t += a[1] * 60 + a[2] } print t }' "$1"; }
+
 # measure NAME CMD...: runs CMD, takes its last stdout line (finetune's JSON result) and appends
-# {"config": NAME, ...result} to $out.
+# {"config": NAME, "foreign_cpus": …, ...result} to $out. foreign_cpus: CPUs other processes kept
+# busy during the run (machine busy time minus the run's own CPU time, over its wall time).
 measure() {
   local name="$1"
   shift
   wait_for_quiet
-  local line
-  line=$("$@" --out "$work/$RANDOM" 2> "$work/stderr" | tail -n 1) || { cat "$work/stderr" >&2; exit 1; }
-  /usr/bin/python3 -c 'import json, sys; r = json.loads(sys.argv[2]); r["config"] = sys.argv[1]; print(json.dumps(r))' \
-    "$name" "$line" | tee -a "$out"
+  local line t0 t1 b0 b1 c0 c1
+  times > "$work/times0"
+  b0=$(machine_ticks); t0=$(date +%s.%N)
+  "$@" --out "$work/$RANDOM" > "$work/stdout" 2> "$work/stderr" || { cat "$work/stderr" >&2; exit 1; }
+  b1=$(machine_ticks); t1=$(date +%s.%N)
+  times > "$work/times1"
+  line=$(tail -n 1 "$work/stdout")
+  c0=$(children_cpu_s "$work/times0"); c1=$(children_cpu_s "$work/times1")
+  /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.argv[2]); r["config"] = sys.argv[1]
+b0, b1, c0, c1, t0, t1, hz = map(float, sys.argv[3:])
+r["foreign_cpus"] = round(max(0.0, ((b1 - b0) / hz - (c1 - c0)) / (t1 - t0)), 3)
+print(json.dumps(r))' "$name" "$line" "$b0" "$b1" "$c0" "$c1" "$t0" "$t1" "$(getconf CLK_TCK)" | tee -a "$out"
 }
 
 mpi=(mpirun --allow-run-as-root --oversubscribe -np 2 ./build/meshtune --threads 1)
@@ -86,7 +102,8 @@ for line in open(sys.argv[1]):
     if line.strip():
         r = json.loads(line)
         by.setdefault(r["config"], []).append(r)
-head = ["configuration", "steps", "tokens/s", "ms/step", "collective ms/step", "collective share", "final loss", "runs"]
+head = ["configuration", "steps", "tokens/s", "ms/step", "collective ms/step", "collective share", "final loss", "runs",
+        "busy CPUs"]
 cells = [head]
 base = None
 for name, rs in by.items():
@@ -96,7 +113,8 @@ for name, rs in by.items():
     coll = med(lambda r: 1e3 * r["collective_seconds"] / r["steps"])
     base = base or tok
     cells.append([name, str(rs[0]["steps"]), f"{tok:.0f} ({tok / base:.2f}x)", f"{ms:.1f}", f"{coll:.1f}",
-                  f"{coll / ms:.0%}", f"{med(lambda r: r['loss']):.6f}", str(len(rs))])
+                  f"{coll / ms:.0%}", f"{med(lambda r: r['loss']):.6f}", str(len(rs)),
+                  f"{max(r.get('foreign_cpus', 0) for r in rs):.2f}"])
 widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
 for n, row in enumerate(cells):
     print(" | ".join((c.ljust(w) if i == 0 else c.rjust(w)) for i, (c, w) in enumerate(zip(row, widths))))
@@ -104,5 +122,6 @@ for n, row in enumerate(cells):
         print("-+-".join("-" * w for w in widths))
 print("medians over runs; (Nx) = tokens/s relative to the first row; collective ms/step = rank 0's time inside MPI "
       "calls (waiting for the other rank included) / steps; final loss = the epoch's mean loss, the same in every "
-      "configuration when they train the same model")
+      "configuration when they train the same model; busy CPUs = the most CPUs other processes kept busy during a run "
+      "(whole process lifetime, start-up included; > ~0.2: rerun)")
 PY

@@ -12,7 +12,8 @@
 # table then covers them too). Extra arguments go to both programs. A PyTorch run that fails,
 # runs out of memory or takes longer than TORCH_TIMEOUT seconds (default 600) is reported in the
 # table instead of stopping the script. Before each run the script waits (up to 20 min) while an
-# inference benchmark (bench_inference, ./bw) is running. JSON lines go to $BENCH_OUT (default
+# inference benchmark (bench_inference, ./bw) is running, then (up to 5 min) for an idle machine.
+# JSON lines go to $BENCH_OUT (default
 # build/bench/train.jsonl). See bench/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
