@@ -81,10 +81,12 @@ RunResult run_job(const std::string& model, bool full, const std::string& mesh_a
   return result;
 }
 
-// Weights: 1e-5 of each tensor's largest magnitude. When the batch is split (data parallel), the
-// gradient sums run in another order; Adam divides by √v, which magnifies those last-bit
-// differences for tiny gradients (PyTorch's fixture notes the same), and 5 steps at lr 1e-2 end
-// 1–4e-5 apart: those meshes get 1e-4. Meshes that do not split the batch agree bit for bit.
+// Weights: 1e-5 of each tensor's largest magnitude where every sum runs in the one-device order.
+// When the batch is split (data parallel) or the heads/FFN width are (tensor parallel), sums run
+// in another order; Adam divides by √v, which magnifies those last-bit differences for tiny
+// gradients (PyTorch's fixture notes the same): after 5 steps at lr 1e-2 the weights are up to
+// 4e-5 (batch split), 1.1e-4 (tensor parallel) and 2.2e-4 (both) apart, so those meshes get 5e-4.
+// The gradients themselves are checked to 1e-5 before Adam in mpi_test_tensor_parallel.
 void expect_same(const RunResult& one, const RunResult& many, const std::string& what, double weight_tolerance) {
   ASSERT_EQ(one.losses.size(), 5u) << what;
   ASSERT_EQ(many.losses.size(), one.losses.size()) << what;
@@ -118,9 +120,9 @@ TEST_P(Distributed, EveryMeshAndLayoutEqualsOneDevice) {
     const int processes = (mesh[0] - '0') * (mesh[2] - '0');
     for (const std::string layout : {"--layout " + layout_file, std::string("--layout auto"), std::string("")}) {
       const std::string args = "--mesh " + mesh + " " + layout;
-      const bool batch_split = mesh[0] != '1';
+      const bool reordered = mesh[0] != '1' || (mesh[2] != '1' && !layout.empty());
       expect_same(one, run_job(model, full, args, processes, root + "/run" + std::to_string(i++)), args,
-                  batch_split ? 1e-4 : 1e-5);
+                  reordered ? 5e-4 : 1e-5);
     }
   }
 }

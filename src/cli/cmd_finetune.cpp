@@ -215,19 +215,18 @@ Runner add_finetune_command(CLI::App& app) {
     }
 
     GemmaModel final_model = trainer.current_model();  // every process takes part in the gathers
-    if (!main_process) return 0;
-    if (lora) {
+    if (main_process && lora) {
       save_keras_lora((fs::path(o->out) / "adapter.lora.h5").string(), config, *trainer.lora());
       save_peft_adapter((fs::path(o->out) / "adapter").string(), config, *trainer.lora());
       std::cerr << "wrote " << o->out << "/adapter.lora.h5 (Keras) and " << o->out << "/adapter/ (PEFT)\n";
-    } else {
+    } else if (main_process) {
       save_keras_preset(final_model, loaded.dir.tokenizer_path, o->seq_len, (fs::path(o->out) / "model").string());
       std::cerr << "wrote " << o->out << "/model (Keras preset)\n";
     }
     nlohmann::json result = {{"steps", trainer.step()}, {"loss", metrics.loss}, {"accuracy", metrics.accuracy},
                              {"trainable_params", trainer.trainable_count()},
                              {"train_seconds", train_seconds}, {"collective_seconds", collective_seconds()}};
-    if (!o->validation_data.empty()) {
+    if (!o->validation_data.empty()) {  // every process evaluates (the same numbers)
       BatchOptions vo = batch_options;
       vo.shuffle = false;
       vo.take = o->validation_take;
@@ -235,10 +234,10 @@ Runner add_finetune_command(CLI::App& app) {
       EpochMetrics v = trainer.evaluate(validation);
       result["val_loss"] = v.loss;
       result["val_accuracy"] = v.accuracy;
-      std::cerr << "validation: loss " << v.loss << " - sparse_categorical_accuracy " << v.accuracy << "\n";
+      if (main_process) std::cerr << "validation: loss " << v.loss << " - sparse_categorical_accuracy " << v.accuracy << "\n";
     }
     print_samples("after");
-    std::cout << result.dump() << "\n";
+    if (main_process) std::cout << result.dump() << "\n";
     return 0;
   };
 }

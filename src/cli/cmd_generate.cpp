@@ -38,13 +38,18 @@ Runner add_generate_command(CLI::App& app) {
   o->mesh.add_to(*cmd);
   return [o] {
     LoadedModel loaded = load_model_and_tokenizer(o->model, true);
-    // Under a mesh each process keeps only its blocks of the weights the layout splits, and the
-    // whole model is all-gathered for the forward passes; every process generates the same tokens.
+    // Under a mesh each process keeps only its blocks of the weights the layout splits; it computes
+    // its share of the heads and FFN width where the layout allows (tensor parallel), and the other
+    // split weights are all-gathered. Every process generates the same tokens.
     std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
+    std::unique_ptr<ShardedModel> sharded;
     if (mesh) {
       const GemmaConfig config = loaded.model.config;
-      ShardedModel sharded(std::move(loaded.model), o->mesh.make_layout(config, mesh->shape(), mesh->axis_names()), *mesh);
-      loaded.model = sharded.materialize();
+      const LayoutMap layout = o->mesh.make_layout(config, mesh->shape(), mesh->axis_names());
+      const TensorParallelPlan plan = plan_tensor_parallel(config, layout, *mesh, o->mesh.batch_axis, !o->mesh.no_tensor_parallel);
+      if (mesh->comm().rank() == 0) std::cerr << "meshtune: " << plan.summary << "\n";
+      sharded = std::make_unique<ShardedModel>(std::move(loaded.model), layout, *mesh, plan);
+      loaded.model = sharded->compute_model(/*by_layer=*/false);
     }
     const bool main_process = !mesh || mesh->comm().rank() == 0;
     GenerateOptions options;

@@ -14,6 +14,8 @@ void MeshOptions::add_to(CLI::App& app) {
                  "LayoutMap: a JSON file {regex: [axis|null, ...]}, 'auto' (KerasHub's Gemma map) or 'tutorial'");
   app.add_option("--layout-rule", rules, "A layout rule 'REGEX=,model' (repeatable; added to --layout)");
   app.add_option("--batch-axis", batch_axis, "Mesh axis the batch is split over (default batch)");
+  app.add_flag("--no-tensor-parallel", no_tensor_parallel,
+               "All-gather split weights before use instead of computing heads/FFN width split (for comparison)");
 }
 
 std::vector<int> MeshOptions::shape(int processes) const {
@@ -86,6 +88,7 @@ Distribution MeshOptions::make_distribution(DeviceMesh* m, const GemmaConfig& co
   d.mesh = m;
   if (m) d.layout = make_layout(config, m->shape(), m->axis_names());
   d.batch_axis = batch_axis;
+  d.tensor_parallel = !no_tensor_parallel;
   return d;
 }
 

@@ -21,6 +21,7 @@ struct MeshOptions {
   std::string layout;        // JSON file, "auto" (KerasHub's Gemma map) or "tutorial"; "" = replicated
   std::vector<std::string> rules;
   std::string batch_axis = "batch";
+  bool no_tensor_parallel = false;  // all-gather split weights instead (FSDP-style; for comparison)
   void add_to(CLI::App& app);
 
   // The mesh shape (--mesh, else one axis of `processes`) and axis names (--mesh-axes, else

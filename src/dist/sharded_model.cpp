@@ -42,8 +42,8 @@ static std::vector<float> block_of(const GemmaModel& m, const VariableSpec& spec
   return block;
 }
 
-ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh& mesh)
-    : model_(std::move(model)), mesh_(&mesh) {
+ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh& mesh, const TensorParallelPlan& plan)
+    : model_(std::move(model)), mesh_(&mesh), plan_(plan) {
   for (const VariableSpec& spec : gemma_variables(model_.config)) {
     ShardSpec shard = make_shard_spec(spec.kind, false, spec.keras_shape,
                                       layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
@@ -63,28 +63,84 @@ GemmaModel ShardedModel::materialize() const {
   return m;
 }
 
-GemmaModel ShardedModel::materialize_by_layer() const {
-  GemmaModel m = model_;
-  for (const Block& b : blocks_) {
-    if (b.spec.layer >= 0) continue;  // embeddings and the final norm: whole for the whole step
-    std::vector<float> full(static_cast<size_t>(b.shard.full_size()));
-    gather_full(b.values.data(), b.shard, *mesh_, full.data());
-    set_variable(m, b.spec, std::move(full));
+// Rows of a variable's region as a matrix in our [out, in] layout: (heads, H, D) and (1, out, in)
+// views put two dimensions in the rows, (D, N, H) one.
+static int64_t region_rows(const VariableSpec& spec, const ShardSpec& region) {
+  return spec.kind == VarKind::HeadsOut ? region.local[0] : region.local[0] * region.local[1];
+}
+
+// Stores `values` (region-sized fp32, or a non-owning view of `shared`) as variable `spec` of w/m.
+static void put_region(GemmaModel& m, DecoderLayerWeights* w, const VariableSpec& spec, const ShardSpec& region,
+                       std::vector<float> values, const float* shared = nullptr) {
+  WeightMatrix* matrix = w ? w->matrix(spec.slot) : m.matrix(spec.slot, spec.layer);
+  if (!matrix) {
+    std::vector<float>& vec = w ? *w->vector(spec.slot) : *m.vector(spec.slot, spec.layer);
+    vec = shared ? std::vector<float>(shared, shared + region.local_size()) : std::move(values);
+    return;
   }
-  m.layer_source = [this](int layer) {
-    DecoderLayerWeights w = model_.layers[size_t(layer)];
-    for (const Block& b : blocks_) {
-      if (b.spec.layer != layer) continue;
-      std::vector<float> full(static_cast<size_t>(b.shard.full_size()));
-      gather_full(b.values.data(), b.shard, *mesh_, full.data());
-      if (WeightMatrix* matrix = w.matrix(b.spec.slot)) {
-        *matrix = WeightMatrix::from_f32(b.spec.hf_shape[0], b.shard.full_size() / b.spec.hf_shape[0], std::move(full));
+  const int64_t rows = region_rows(spec, region), cols = region.local_size() / rows;
+  if (!shared) {
+    *matrix = WeightMatrix::from_f32(rows, cols, std::move(values));
+    return;
+  }
+  WeightMatrix view;  // the ShardedModel's block itself: no copy
+  view.rows = rows;
+  view.cols = cols;
+  view.data = shared;
+  *matrix = view;
+}
+
+void set_variable(GemmaModel& m, const VariableSpec& spec, const ShardSpec& region, std::vector<float> values) {
+  put_region(m, nullptr, spec, region, std::move(values));
+}
+
+GemmaModel ShardedModel::compute_model(bool by_layer) const {
+  GemmaModel m = model_;
+  m.config = plan_.local_config(model_.config);
+  if (plan_.active()) {
+    Communicator* comm = &mesh_->axis_comm(plan_.axis);
+    m.tensor_parallel_sum = [comm](float* data, size_t count) { comm->all_reduce_sum(data, count); };
+  }
+  std::vector<const Block*> deferred;
+  for (const VariableSpec& spec : gemma_variables(model_.config)) {
+    const ShardSpec region = plan_.compute_region(spec);
+    const Block* block = nullptr;
+    for (const Block& b : blocks_)
+      if (b.spec.slot == spec.slot && b.spec.layer == spec.layer) block = &b;
+    if (!block) {  // replicated: tensor parallelism may use a slice of it (K/V heads)
+      if (same_region(region, whole_shard_spec(spec.kind, false, spec.keras_shape))) continue;
+      const WeightMatrix& whole = *model_.matrix(spec.slot, spec.layer);
+      const int64_t rows = region_rows(spec, region);
+      if (region.local_size() / rows == whole.cols) {  // a run of whole rows: share them
+        WeightMatrix slice = whole;
+        const int64_t first_row = region.offset[0] * region.full[1] + region.offset[1];
+        slice.rows = rows;
+        slice.data = static_cast<const std::byte*>(whole.data) + size_t(first_row * whole.cols) * dtype_size(whole.dtype);
+        *m.matrix(spec.slot, spec.layer) = slice;
       } else {
-        *w.vector(b.spec.slot) = std::move(full);
+        put_region(m, nullptr, spec, region, take_block(whole.to_f32().data(), region));
       }
+      continue;
     }
-    return w;
-  };
+    if (contains(region, block->shard) && !relative(block->shard, region).split()) {
+      put_region(m, nullptr, spec, region, {}, block->values.data());  // this process' block is its region
+    } else if (by_layer && spec.layer >= 0) {
+      deferred.push_back(block);
+    } else {
+      put_region(m, nullptr, spec, region, gather_region(block->values.data(), block->shard, region, *mesh_));
+    }
+  }
+  if (!deferred.empty())
+    m.layer_source = [this, layers = m.layers, deferred](int layer) {
+      DecoderLayerWeights w = layers[size_t(layer)];
+      GemmaModel unused;
+      for (const Block* b : deferred) {
+        if (b->spec.layer != layer) continue;
+        const ShardSpec region = plan_.compute_region(b->spec);
+        put_region(unused, &w, b->spec, region, gather_region(b->values.data(), b->shard, region, *mesh_));
+      }
+      return w;
+    };
   return m;
 }
 

@@ -1,11 +1,14 @@
 // A model whose weights are placed on a mesh by a LayoutMap: variables the layout splits are kept
 // only as this process' block; replicated ones stay as they were loaded (possibly memory-mapped).
-// materialize() all-gathers the split variables into a whole model for the next forward pass
-// (FSDP-style: "all-gather before use"), which every process must call together.
+// compute_model() gives what the forward/backward passes use: under a tensor-parallel plan each
+// process' share of the heads and FFN width (from its own blocks, no communication), with every
+// other split variable all-gathered (FSDP-style: "all-gather before use"); materialize() gives the
+// whole model (export). Every process must call them together.
 #pragma once
 #include <vector>
 
 #include "dist/sharding.h"
+#include "dist/tensor_parallel.h"
 #include "model/gemma.h"
 
 namespace meshtune {
@@ -14,19 +17,24 @@ namespace meshtune {
 // (an empty vector releases it).
 std::vector<float> variable_values(const GemmaModel& model, const VariableSpec& spec);
 void set_variable(GemmaModel& model, const VariableSpec& spec, std::vector<float> values);
+// The same for a part of the variable: `region` (in our 3-D view) says which (e.g. a tensor-parallel
+// compute region); the matrix gets the region's rows and columns.
+void set_variable(GemmaModel& model, const VariableSpec& spec, const ShardSpec& region, std::vector<float> values);
 
 class ShardedModel {
  public:
   ShardedModel() = default;
   // Resolves every variable's spec (errors name the variable, dimension and axis) and keeps only
   // this process' blocks of the split ones.
-  ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh& mesh);
+  ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh& mesh, const TensorParallelPlan& plan = {});
 
   GemmaModel materialize() const;
-  // The same model, but decoder blocks are all-gathered only when the forward or backward pass
-  // reaches them (GemmaModel::layer_source), so one block is whole at a time. The ShardedModel must
-  // outlive the result; every process must run the same passes.
-  GemmaModel materialize_by_layer() const;
+  // The model the passes compute with (see above). `by_layer`: decoder-block variables that need
+  // an all-gather are gathered only when a pass reaches their block (GemmaModel::layer_source), so
+  // one block is whole at a time. The ShardedModel must outlive the result (blocks are shared, not
+  // copied); every process must run the same passes.
+  GemmaModel compute_model(bool by_layer) const;
+  const TensorParallelPlan& plan() const { return plan_; }
   const GemmaModel& replicated_part() const { return model_; }
   size_t held_bytes() const;  // weights held persistently by this process
   bool has_split() const { return !blocks_.empty(); }
@@ -40,6 +48,7 @@ class ShardedModel {
   GemmaModel model_;
   std::vector<Block> blocks_;
   DeviceMesh* mesh_ = nullptr;
+  TensorParallelPlan plan_;
 };
 
 }  // namespace meshtune

@@ -21,13 +21,46 @@ static std::vector<int> our_dims(VarKind kind, bool identity, size_t keras_rank)
   return {};
 }
 
-ShardSpec make_shard_spec(VarKind kind, bool identity, const Shape& keras_shape, const PartitionSpec& spec,
-                          DeviceMesh& mesh) {
+ShardSpec whole_shard_spec(VarKind kind, bool identity, const Shape& keras_shape) {
   ShardSpec s;
   const std::vector<int> dims = our_dims(kind, identity, keras_shape.size());
-  check(dims.size() == keras_shape.size() && spec.size() == keras_shape.size(), "sharding: rank mismatch");
+  check(dims.size() == keras_shape.size(), "sharding: rank mismatch");
   for (size_t k = 0; k < keras_shape.size(); ++k) s.full[size_t(dims[k])] = keras_shape[k];
   s.local = s.full;
+  return s;
+}
+
+void narrow(ShardSpec& s, int dim, int axis, int64_t offset, int64_t length) {
+  s.axis[size_t(dim)] = length < s.full[size_t(dim)] ? axis : -1;
+  s.offset[size_t(dim)] = offset;
+  s.local[size_t(dim)] = length;
+}
+
+bool contains(const ShardSpec& outer, const ShardSpec& inner) {
+  for (size_t d = 0; d < 3; ++d)
+    if (inner.offset[d] < outer.offset[d] || inner.offset[d] + inner.local[d] > outer.offset[d] + outer.local[d])
+      return false;
+  return true;
+}
+
+bool same_region(const ShardSpec& a, const ShardSpec& b) { return a.offset == b.offset && a.local == b.local; }
+
+ShardSpec relative(const ShardSpec& inner, const ShardSpec& outer) {
+  ShardSpec r;
+  for (size_t d = 0; d < 3; ++d) {
+    r.full[d] = outer.local[d];
+    r.local[d] = inner.local[d];
+    r.offset[d] = inner.offset[d] - outer.offset[d];
+    r.axis[d] = inner.local[d] < outer.local[d] ? inner.axis[d] : -1;
+  }
+  return r;
+}
+
+ShardSpec make_shard_spec(VarKind kind, bool identity, const Shape& keras_shape, const PartitionSpec& spec,
+                          DeviceMesh& mesh) {
+  ShardSpec s = whole_shard_spec(kind, identity, keras_shape);
+  const std::vector<int> dims = our_dims(kind, identity, keras_shape.size());
+  check(spec.size() == keras_shape.size(), "sharding: rank mismatch");
   for (size_t k = 0; k < spec.size(); ++k) {
     if (!spec[k]) continue;
     const int axis = mesh.axis_index(*spec[k]);
@@ -52,6 +85,16 @@ std::vector<float> take_block(const float* full, const ShardSpec& s) {
       o += size_t(s.local[2]);
     }
   return block;
+}
+
+void place_block(const float* block, const ShardSpec& s, float* full) {
+  size_t o = 0;
+  for (int64_t a = 0; a < s.local[0]; ++a)
+    for (int64_t b = 0; b < s.local[1]; ++b) {
+      float* row = full + ((a + s.offset[0]) * s.full[1] + (b + s.offset[1])) * s.full[2] + s.offset[2];
+      std::copy(block + o, block + o + size_t(s.local[2]), row);
+      o += size_t(s.local[2]);
+    }
 }
 
 // Places `parts` member blocks of shape `cur` (concatenated in member order) into `out`, member m
@@ -105,6 +148,21 @@ void gather_full(const float* block, const ShardSpec& s, DeviceMesh& mesh, float
     current.swap(grown);
   }
   std::copy(current.begin(), current.end(), full);
+}
+
+std::vector<float> gather_region(const float* block, const ShardSpec& storage, const ShardSpec& region,
+                                 DeviceMesh& mesh) {
+  if (contains(region, storage)) {
+    const ShardSpec inside = relative(storage, region);
+    std::vector<float> out(static_cast<size_t>(region.local_size()));
+    gather_full(block, inside, mesh, out.data());
+    return out;
+  }
+  std::vector<float> whole(static_cast<size_t>(storage.full_size()));
+  gather_full(block, storage, mesh, whole.data());
+  ShardSpec cut = region;
+  cut.full = storage.full;
+  return take_block(whole.data(), cut);
 }
 
 }  // namespace meshtune

@@ -30,8 +30,25 @@ struct ShardSpec {
 ShardSpec make_shard_spec(VarKind kind, bool identity_layout, const Shape& keras_shape, const PartitionSpec& spec,
                           DeviceMesh& mesh);
 
+// The whole variable as a spec (nothing split), and narrowing dimension `dim` of a spec to
+// [offset, offset + length) as split over mesh axis `axis` (tensor parallelism's compute regions).
+ShardSpec whole_shard_spec(VarKind kind, bool identity_layout, const Shape& keras_shape);
+void narrow(ShardSpec& s, int dim, int axis, int64_t offset, int64_t length);
+bool contains(const ShardSpec& outer, const ShardSpec& inner);  // inner's region lies inside outer's
+bool same_region(const ShardSpec& a, const ShardSpec& b);
+// `inner`'s block seen inside `outer`'s block (outer ⊇ inner): full = outer's block, and only the
+// dimensions where inner is smaller stay split (by inner's axes).
+ShardSpec relative(const ShardSpec& inner, const ShardSpec& outer);
+
 std::vector<float> take_block(const float* full, const ShardSpec& s);
+// The inverse of take_block: writes the block into its place in `full` (other values untouched).
+void place_block(const float* block, const ShardSpec& s, float* full);
 // `full` receives the whole variable (full_size() floats) on every process.
 void gather_full(const float* block, const ShardSpec& s, DeviceMesh& mesh, float* full);
+// The values of `region` (a spec's block, e.g. a tensor-parallel compute region) on every process,
+// from its `storage` block: an all-gather over the storage's own split axes when the region
+// contains the storage block, else the whole variable is gathered and the region cut from it.
+std::vector<float> gather_region(const float* block, const ShardSpec& storage, const ShardSpec& region,
+                                 DeviceMesh& mesh);
 
 }  // namespace meshtune

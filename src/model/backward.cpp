@@ -13,9 +13,10 @@ namespace meshtune {
 
 // Backward of one decoder block (mirror of decoder_block in gemma.cpp). On entry dx holds
 // ∂L/∂(block output) [M, D]; on exit ∂L/∂(block input). Weight gradients are added into g.
-static void decoder_block_backward(const GemmaConfig& c, const DecoderLayerWeights& w, int layer,
+static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWeights& w, int layer,
                                    const BlockActivations& a, int64_t B, int64_t T, const uint8_t* key_valid,
                                    const LayerGradients& g, std::vector<float>& dx) {
+  const GemmaConfig& c = model.config;
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
                 F = c.ffw_dim;
   const float eps = c.layer_norm_epsilon;
@@ -35,6 +36,7 @@ static void decoder_block_backward(const GemmaConfig& c, const DecoderLayerWeigh
   linear_backward_input(d_up.data(), M, w.ffw_gating_2, d_normed.data(), /*accumulate=*/true);
   if (g.ffw_gating) linear_backward_weight(d_gate.data(), a.ffw_normed.data(), M, F, D, g.ffw_gating);
   if (g.ffw_gating_2) linear_backward_weight(d_up.data(), a.ffw_normed.data(), M, F, D, g.ffw_gating_2);
+  if (model.tensor_parallel_sum) model.tensor_parallel_sum(d_normed.data(), size_t(M * D));  // Σ over width
   rmsnorm_backward(a.mid.data(), w.pre_ffw_norm.data(), M, D, eps, d_normed.data(), d_normed.data(), g.pre_ffw_norm);
   for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂mid
 
@@ -66,6 +68,7 @@ static void decoder_block_backward(const GemmaConfig& c, const DecoderLayerWeigh
   if (g.query) linear_backward_weight(dq.data(), a.attn_normed.data(), M, N * H, D, g.query);
   if (g.key) linear_backward_weight(dk.data(), a.attn_normed.data(), M, K * H, D, g.key);
   if (g.value) linear_backward_weight(dv.data(), a.attn_normed.data(), M, K * H, D, g.value);
+  if (model.tensor_parallel_sum) model.tensor_parallel_sum(d_normed.data(), size_t(M * D));  // Σ over heads
   rmsnorm_backward(a.input.data(), w.pre_attention_norm.data(), M, D, eps, d_normed.data(), d_normed.data(),
                    g.pre_attention_norm);
   for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂input
@@ -171,7 +174,7 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   rmsnorm_backward(final_input.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, dx.data(), dx.data(),
                    grads->final_norm);
   for (int layer = c.num_layers - 1; layer >= 0; --layer)
-    decoder_block_backward(c, model.layer_weights(layer), layer, saved[size_t(layer)], B, T, batch.padding_mask,
+    decoder_block_backward(model, model.layer_weights(layer), layer, saved[size_t(layer)], B, T, batch.padding_mask,
                            grads->layers[size_t(layer)], dx);
   if (grads->embeddings) {
     const float embedding_scale = float(std::sqrt(double(D)));

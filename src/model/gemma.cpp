@@ -88,8 +88,9 @@ AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64
 
 // One decoder block, in place on the residual stream x [M = B·T, D]; `a` receives the block's
 // intermediate values (the caller keeps them for backward, or drops them).
-static void decoder_block(const GemmaConfig& c, const DecoderLayerWeights& w, int layer, float* x, int64_t B,
+static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w, int layer, float* x, int64_t B,
                           int64_t T, int64_t start, KVCache& cache, BlockActivations& a) {
+  const GemmaConfig& c = model.config;
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
                 F = c.ffw_dim, S = cache.capacity;
   const float eps = c.layer_norm_epsilon;
@@ -132,6 +133,7 @@ static void decoder_block(const GemmaConfig& c, const DecoderLayerWeights& w, in
   attention(a.q.data(), cache_k, cache_v, cache.key_valid.data(), attention_shape(c, layer, B, T, start, S),
             a.attended.data());
   linear(a.attended.data(), M, w.attention_output, a.attn_projected.data());
+  if (model.tensor_parallel_sum) model.tensor_parallel_sum(a.attn_projected.data(), size_t(M * D));  // Σ over heads
   std::vector<float> residual = a.attn_projected;
   if (c.use_post_attention_norm) rmsnorm(residual.data(), w.post_attention_norm.data(), M, D, eps, residual.data());
   for (int64_t i = 0; i < M * D; ++i) x[i] += residual[i];
@@ -148,6 +150,7 @@ static void decoder_block(const GemmaConfig& c, const DecoderLayerWeights& w, in
   a.activated = a.gate;
   geglu(a.activated.data(), a.up.data(), M * F);
   linear(a.activated.data(), M, w.ffw_linear, a.ffw_projected.data());
+  if (model.tensor_parallel_sum) model.tensor_parallel_sum(a.ffw_projected.data(), size_t(M * D));  // Σ over width
   residual = a.ffw_projected;
   if (c.use_post_ffw_norm) rmsnorm(residual.data(), w.post_ffw_norm.data(), M, D, eps, residual.data());
   for (int64_t i = 0; i < M * D; ++i) x[i] += residual[i];
@@ -176,7 +179,7 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
   BlockActivations scratch;
   for (int layer = 0; layer < c.num_layers; ++layer) {
     BlockActivations& a = saved ? (*saved)[size_t(layer)] : scratch;
-    decoder_block(c, model.layer_weights(layer), layer, x.data(), B, T, start, cache, a);
+    decoder_block(model, model.layer_weights(layer), layer, x.data(), B, T, start, cache, a);
     if (trace) trace->block_outputs.push_back(x);
   }
   rmsnorm(x.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, x.data());

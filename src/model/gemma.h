@@ -41,6 +41,10 @@ struct GemmaModel {
   DecoderLayerWeights layer_weights(int layer) const {
     return layer_source ? layer_source(layer) : layers[size_t(layer)];
   }
+  // Tensor parallelism (dist/tensor_parallel.h): set when `config` and the block weights are this
+  // process' share of the heads and FFN width. Sums a partial block output (and, in backward, the
+  // partial gradient of a block input) over the processes that share the block.
+  std::function<void(float* data, size_t count)> tensor_parallel_sum;
 
   size_t weight_bytes() const;  // bytes of all weights as stored in memory
 

@@ -194,31 +194,38 @@ std::vector<float> lora_delta(const GemmaConfig& config, const LoraAdapter& ad, 
   return delta;
 }
 
-// W_eff = W + ΔW for the adapters of one decoder block.
-static void merge_layer(const GemmaConfig& config, const LoraWeights& lora, int layer, DecoderLayerWeights& w) {
+// W_eff = W + ΔW (or this process' part of it) for the adapters of one decoder block.
+static void merge_layer(const GemmaConfig& config, const LoraWeights& lora, int layer, const LoraDeltaPart& part,
+                        DecoderLayerWeights& w) {
   for (const LoraAdapter& ad : lora.adapters) {
     if (ad.layer != layer) continue;
     WeightMatrix& m = *w.matrix(ad.slot);
-    const std::vector<float> delta = lora_delta(config, ad, lora.scale());
+    std::vector<float> delta = lora_delta(config, ad, lora.scale());
+    if (part) delta = part(ad, delta);
     std::vector<float> values = m.to_f32();
+    check(values.size() == delta.size(), "merge_lora: the LoRA update of ", ad.keras_path(config),
+          " does not fit its kernel's part");
     for (size_t i = 0; i < values.size(); ++i) values[i] += delta[i];
     m = WeightMatrix::from_f32(m.rows, m.cols, std::move(values));
   }
 }
 
-GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora) {
-  validate_lora(base.config, lora, "merge_lora");
+GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora) { return merge_lora(base, lora, base.config, {}); }
+
+GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora, const GemmaConfig& config,
+                      const LoraDeltaPart& part) {
+  validate_lora(config, lora, "merge_lora");
   GemmaModel merged = base;  // WeightMatrix copies share storage
   if (base.layer_source) {  // blocks built on demand: merge each as it is built
-    merged.layer_source = [source = base.layer_source, lora, config = base.config](int layer) {
+    merged.layer_source = [source = base.layer_source, lora, config, part](int layer) {
       DecoderLayerWeights w = source(layer);
-      merge_layer(config, lora, layer, w);
+      merge_layer(config, lora, layer, part, w);
       return w;
     };
     return merged;
   }
-  for (int layer = 0; layer < base.config.num_layers; ++layer)
-    merge_layer(base.config, lora, layer, merged.layers[size_t(layer)]);
+  for (int layer = 0; layer < config.num_layers; ++layer)
+    merge_layer(config, lora, layer, part, merged.layers[size_t(layer)]);
   return merged;
 }
 

@@ -5,6 +5,7 @@
 // The effective kernel is W + scale·ΔW (Keras' `kernel` property). Base weights stay frozen.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,11 @@ std::vector<float> lora_delta(const GemmaConfig& config, const LoraAdapter& adap
 // not copied). This is what generation with an adapter, export (merge) and training use. When
 // `base` builds its blocks on demand (layer_source), so does the result, merging as it builds.
 GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora);
+// The same when `base` holds only this process' part of each matrix (tensor parallelism): `config`
+// is the whole model's, and `part` cuts that part out of a whole ΔW (our layout).
+using LoraDeltaPart = std::function<std::vector<float>(const LoraAdapter& adapter, const std::vector<float>& delta)>;
+GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora, const GemmaConfig& config,
+                      const LoraDeltaPart& part);
 
 // Given ∂L/∂W_eff [out, in] of an adapted matrix, adds ∂L/∂A and ∂L/∂B into grad_a / grad_b.
 void lora_backward(const GemmaConfig& config, LoraAdapter& adapter, double scale, const float* grad_w);

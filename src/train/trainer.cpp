@@ -44,8 +44,9 @@ static std::string short_name(const std::string& path) { return path.substr(path
 
 Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOptions& options,
                  const Distribution& distribution)
-    : model_(std::move(base)), lora_(std::move(lora)), options_(options), dist_(distribution) {
-  const GemmaConfig& c = model_.config;
+    : dist_(distribution), model_(std::move(base)), lora_(std::move(lora)), options_(options) {
+  config_ = model_.config;
+  const GemmaConfig& c = config_;
   grads_.layers.assign(size_t(c.num_layers), LayerGradients{});
   if (lora_ && lora_->adapters.empty()) lora_.reset();
   if (lora_) {
@@ -59,6 +60,7 @@ Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOpti
       for (const VariableSpec& spec : gemma_variables(c))
         if (spec.layer == ad.layer && spec.slot == ad.slot) target = spec;
       lora_weight_grads_[i].assign(size_t(num_elements(target.hf_shape)), 0.f);
+      lora_targets_.push_back(target);
       SlotRef ref = slot_ref(model_, grads_, target);
       *ref.grad = lora_weight_grads_[i].data();
       const std::string path = ad.keras_path(c);
@@ -85,67 +87,87 @@ Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOpti
 // ---- placement on the mesh --------------------------------------------------------------------
 
 void Trainer::place_variables() {
-  for (const Parameter& p : params_) trainables_.push_back({p.value, p.grad, p.size, ShardSpec{}, {}, {}});
+  for (const Parameter& p : params_) {
+    Trainable t;
+    t.value = p.value;
+    t.grad = p.grad;
+    t.size = t.whole_size = p.size;
+    trainables_.push_back(std::move(t));
+  }
   if (!dist_.mesh) return;
   DeviceMesh& mesh = *dist_.mesh;
   const bool clipping = options_.adamw.clipnorm > 0 || options_.adamw.global_clipnorm > 0;
   check(!clipping || mesh.size() == 1, "--clipnorm / --global-clipnorm are not supported under a mesh yet "
         "(they need norms across blocks); use --clipvalue");
-  const GemmaConfig& c = model_.config;
-  // Model variables: trainable (full fine-tuning, in params_ order) or frozen (LoRA).
-  const auto specs = gemma_variables(c);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const VariableSpec& spec = specs[i];
-    if (lora_) break;
-    ShardSpec shard = make_shard_spec(spec.kind, false, spec.keras_shape,
-                                      dist_.layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
-    if (!shard.split()) continue;
-    {
-      Trainable& t = trainables_[i];
-      t.shard = shard;
-      t.block = take_block(t.value, shard);
-      t.block_grad.assign(t.block.size(), 0.f);
-    }
-  }
-  if (lora_) {  // the frozen base: blocks of the split variables only
-    frozen_ = ShardedModel(std::move(model_), dist_.layout, mesh);
-    model_ = frozen_.replicated_part();
-  }
-  // LoRA matrices, in their own (Keras) layout.
+  plan_ = plan_tensor_parallel(config_, dist_.layout, mesh, dist_.batch_axis, dist_.tensor_parallel);
+  if (is_main_process() && options_.progress) std::fprintf(stderr, "meshtune: %s\n", plan_.summary.c_str());
   if (lora_) {
+    // The frozen base: blocks of the split variables only. LoRA matrices are used whole (in their
+    // own, Keras, layout); under tensor parallelism each process' gradient is its heads' share.
+    frozen_ = ShardedModel(std::move(model_), dist_.layout, mesh, plan_);
+    model_ = frozen_.replicated_part();
     for (size_t i = 0; i < lora_->adapters.size(); ++i) {
       const LoraAdapter& ad = lora_->adapters[i];
       for (int which = 0; which < 2; ++which) {
         Trainable& t = trainables_[2 * i + size_t(which)];
-        const Parameter& p = params_[2 * i + size_t(which)];
         const Shape& shape = which == 0 ? ad.a_shape : ad.b_shape;
-        ShardSpec shard = make_shard_spec(VarKind::Norm, true, shape, dist_.layout.resolve(p.path, shape, mesh), mesh);
-        if (!shard.split()) continue;
-        t.shard = shard;
-        t.block = take_block(t.value, shard);
-        t.block_grad.assign(t.block.size(), 0.f);
+        t.region = whole_shard_spec(VarKind::Norm, true, shape);
+        t.shard = make_shard_spec(VarKind::Norm, true, shape,
+                                  dist_.layout.resolve(params_[2 * i + size_t(which)].path, shape, mesh), mesh);
+        t.partial = plan_.active();
       }
     }
+  } else {
+    // Full fine-tuning: every variable's block (the optimizer's) and working copy (its compute region).
+    const auto specs = gemma_variables(config_);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const VariableSpec& spec = specs[i];
+      Trainable& t = trainables_[i];
+      t.shard = make_shard_spec(spec.kind, false, spec.keras_shape,
+                                dist_.layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
+      t.region = plan_.compute_region(spec);
+      t.partial = plan_.gradient_is_partial(spec);
+      if (t.separate()) t.block = take_block(t.value, t.shard);
+      if (!same_region(t.region, whole_shard_spec(spec.kind, false, spec.keras_shape))) {
+        set_variable(model_, spec, t.region, take_block(t.value, t.region));  // keep only the part computed here
+        SlotRef ref = slot_ref(model_, grads_, spec);
+        grad_storage_[i].assign(ref.size, 0.f);
+        *ref.grad = grad_storage_[i].data();
+        t.value = ref.value;
+        t.grad = grad_storage_[i].data();
+        t.size = ref.size;
+      }
+    }
+    model_.config = plan_.local_config(config_);
+    if (plan_.active()) {
+      Communicator* comm = &mesh.axis_comm(plan_.axis);
+      model_.tensor_parallel_sum = [comm](float* data, size_t count) { comm->all_reduce_sum(data, count); };
+    }
   }
-  // The optimizer sees blocks for split variables.
+  // The optimizer sees blocks where they are separate, else the working copies.
   for (size_t i = 0; i < params_.size(); ++i) {
     Trainable& t = trainables_[i];
-    if (!t.shard.split()) continue;
-    params_[i].value = t.block.data();
-    params_[i].grad = t.block_grad.data();
-    params_[i].size = t.block.size();
-    params_[i].shape = {t.shard.local[0], t.shard.local[1], t.shard.local[2]};
+    const ShardSpec& held = t.separate() ? t.shard : t.region;
+    if (t.separate()) t.block_grad.assign(t.block.size(), 0.f);
+    params_[i].value = t.separate() ? t.block.data() : t.value;
+    params_[i].grad = t.separate() ? t.block_grad.data() : t.grad;
+    params_[i].size = size_t(held.local_size());
+    if (held.local_size() != held.full_size()) params_[i].shape = {held.local[0], held.local[1], held.local[2]};
   }
 }
 
-GemmaModel Trainer::materialize() const { return frozen_.has_split() ? frozen_.materialize() : model_; }
+void Trainer::refresh_working_copy(Trainable& t) {
+  if (!t.separate()) return;
+  const std::vector<float> values = gather_region(t.block.data(), t.shard, t.region, *dist_.mesh);
+  std::copy(values.begin(), values.end(), t.value);
+}
 
 bool Trainer::is_main_process() const { return !dist_.mesh || dist_.mesh->comm().rank() == 0; }
 
 size_t Trainer::held_weight_bytes() const {
   if (lora_) return dist_.mesh ? frozen_.held_bytes() : model_.weight_bytes();
-  size_t bytes = 0;  // full fine-tuning: the blocks the optimizer owns, or whole replicated weights
-  for (const Trainable& t : trainables_) bytes += (t.shard.split() ? t.block.size() : t.size) * 4;
+  size_t bytes = 0;  // full fine-tuning: the working copies, and the blocks the optimizer owns
+  for (const Trainable& t : trainables_) bytes += (t.size + t.block.size()) * 4;
   return bytes;
 }
 
@@ -178,30 +200,65 @@ void Trainer::finish_gradients(LossSums& sums) {
     sums = {s[0], s[1], s[2]};
     for (Trainable& t : trainables_) comm.all_reduce_sum(t.grad, t.size);
   }
-  for (Trainable& t : trainables_)
-    if (t.shard.split()) t.block_grad = take_block(t.grad, t.shard);
-  // Point the optimizer at the fresh block gradients (take_block reallocated them).
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (trainables_[i].shard.split()) params_[i].grad = trainables_[i].block_grad.data();
+  Communicator* tensor_parallel = plan_.active() ? &dist_.mesh->axis_comm(plan_.axis) : nullptr;
+  for (size_t i = 0; i < trainables_.size(); ++i) {
+    Trainable& t = trainables_[i];
+    if (tensor_parallel && !contains(t.region, t.shard)) {
+      // The block reaches beyond this process' part (e.g. a replicated K/V kernel of which each
+      // process uses its heads): assemble the whole gradient from every process' part.
+      std::vector<float> whole(static_cast<size_t>(t.shard.full_size()), 0.f);
+      place_block(t.grad, t.region, whole.data());
+      tensor_parallel->all_reduce_sum(whole.data(), whole.size());
+      t.block_grad = take_block(whole.data(), t.shard);
+    } else {
+      if (tensor_parallel && t.partial) tensor_parallel->all_reduce_sum(t.grad, t.size);
+      if (t.separate()) t.block_grad = take_block(t.grad, relative(t.shard, t.region));
+    }
+    if (t.separate()) params_[i].grad = t.block_grad.data();  // take_block reallocated it
+  }
 }
 
 void Trainer::apply_update(double lr) {
   optimizer_->step(params_, lr);
   ++step_;
   if (!dist_.mesh) return;
-  for (Trainable& t : trainables_)
-    if (t.shard.split()) gather_full(t.block.data(), t.shard, *dist_.mesh, t.value);
+  for (Trainable& t : trainables_) refresh_working_copy(t);
 }
 
 long long Trainer::trainable_count() const {
   long long n = 0;
-  for (const Trainable& t : trainables_) n += (long long)t.size;  // whole tensors, not blocks
+  for (const Trainable& t : trainables_) n += (long long)t.whole_size;  // whole tensors, not blocks
   return n;
 }
 
 GemmaModel Trainer::current_model() {
-  GemmaModel m = materialize();
-  return lora_ ? merge_lora(m, *lora_) : m;
+  if (lora_) return merge_lora(frozen_.has_split() ? frozen_.materialize() : model_, *lora_);
+  if (!plan_.active()) return model_;  // whole working copies
+  GemmaModel m = model_;  // tensor parallel: each variable gathered from its parts
+  m.config = config_;
+  m.tensor_parallel_sum = nullptr;
+  const auto specs = gemma_variables(config_);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Trainable& t = trainables_[i];
+    std::vector<float> whole(t.whole_size);
+    gather_full(t.separate() ? t.block.data() : t.value, t.shard, *dist_.mesh, whole.data());
+    set_variable(m, specs[i], std::move(whole));
+  }
+  return m;
+}
+
+GemmaModel Trainer::training_model() {
+  if (!lora_) return model_;
+  if (!dist_.mesh) return merge_lora(model_, *lora_);
+  // The frozen base as computed here: this process' heads/FFN columns (tensor parallel) and the
+  // other split variables all-gathered one block at a time as the passes reach them.
+  GemmaModel base = frozen_.compute_model(/*by_layer=*/true);
+  if (!plan_.active()) return merge_lora(base, *lora_);
+  return merge_lora(base, *lora_, config_, [this](const LoraAdapter& ad, const std::vector<float>& delta) {
+    for (const VariableSpec& target : lora_targets_)
+      if (target.layer == ad.layer && target.slot == ad.slot) return take_block(delta.data(), plan_.compute_region(target));
+    fail("LoRA adapter without a target variable");
+  });
 }
 
 void Trainer::zero_gradients() {
@@ -220,11 +277,18 @@ void Trainer::accumulate_gradients(const Batch& global_batch, double loss_scale,
     return;
   }
   for (auto& g : lora_weight_grads_) std::fill(g.begin(), g.end(), 0.f);
-  // The frozen base is all-gathered one block at a time as the passes reach it.
-  GemmaModel merged = merge_lora(frozen_.has_split() ? frozen_.materialize_by_layer() : model_, *lora_);
-  LossSums s = forward_backward(merged, tb, loss_scale, &grads_);
-  for (size_t i = 0; i < lora_->adapters.size(); ++i)
-    lora_backward(model_.config, lora_->adapters[i], lora_->scale(), lora_weight_grads_[i].data());
+  LossSums s = forward_backward(training_model(), tb, loss_scale, &grads_);
+  for (size_t i = 0; i < lora_->adapters.size(); ++i) {
+    const float* grad_w = lora_weight_grads_[i].data();
+    std::vector<float> whole;  // tensor parallel: this process' part of ∂L/∂W_eff, zero elsewhere
+    if (plan_.active()) {
+      const ShardSpec region = plan_.compute_region(lora_targets_[i]);
+      whole.assign(static_cast<size_t>(region.full_size()), 0.f);
+      place_block(grad_w, region, whole.data());
+      grad_w = whole.data();
+    }
+    lora_backward(config_, lora_->adapters[i], lora_->scale(), grad_w);
+  }
   sums.weighted_ce += s.weighted_ce;
   sums.weighted_correct += s.weighted_correct;
   sums.weight += s.weight;
@@ -437,10 +501,9 @@ void Trainer::load_checkpoint(const std::string& manifest_or_file) {
   epoch_examples_ = std::stod(meta.value("epoch_examples", "0"));
   epoch_correct_ = std::stod(meta.value("epoch_correct", "0"));
   epoch_weight_ = std::stod(meta.value("epoch_weight", "0"));
-  // Whole working copies follow the restored blocks.
+  // Working copies follow the restored blocks.
   if (dist_.mesh)
-    for (Trainable& t : trainables_)
-      if (t.shard.split()) gather_full(t.block.data(), t.shard, *dist_.mesh, t.value);
+    for (Trainable& t : trainables_) refresh_working_copy(t);
 }
 
 }  // namespace meshtune

@@ -39,6 +39,7 @@ struct Distribution {
   DeviceMesh* mesh = nullptr;
   LayoutMap layout;
   std::string batch_axis = "batch";
+  bool tensor_parallel = true;  // compute heads/FFN width split when the layout allows (dist/tensor_parallel.h)
 };
 
 struct EpochMetrics {
@@ -81,18 +82,23 @@ class Trainer {
   size_t held_weight_bytes() const;
 
  private:
-  // A trainable tensor: the whole working copy that forward/backward use and, when its layout
-  // splits it, this process' block, which the optimizer updates.
+  // A trainable tensor: the working copy that forward/backward use (`region` of the variable: the
+  // whole, or this process' tensor-parallel part) and, when its layout stores another part here
+  // (`shard`), that block, which the optimizer updates and the working copy is refreshed from.
   struct Trainable {
     float* value = nullptr;
     float* grad = nullptr;
-    size_t size = 0;
-    ShardSpec shard;
+    size_t size = 0;        // of the working copy
+    size_t whole_size = 0;  // of the whole variable
+    ShardSpec region, shard;
+    bool partial = false;   // the gradient is this process' share: sum it over the tensor-parallel axis
     std::vector<float> block, block_grad;
+    bool separate() const { return !same_region(region, shard); }
   };
 
   void place_variables();
-  GemmaModel materialize() const;  // model_ with the frozen split variables all-gathered
+  void refresh_working_copy(Trainable& t);  // from the block the optimizer updated
+  GemmaModel training_model();      // what forward/backward run on (LoRA merged in)
   Batch local_rows(const Batch& batch) const;  // this process' slice of the batch axis
   void accumulate_gradients(const Batch& batch, double loss_scale, LossSums& sums);
   void finish_gradients(LossSums& sums);  // sum over the batch axis, cut blocks
@@ -101,6 +107,9 @@ class Trainer {
   std::string checkpoint_file(const std::string& path) const;
 
   Distribution dist_;
+  GemmaConfig config_;        // the whole model's (model_.config is this process' part under TP)
+  TensorParallelPlan plan_;
+  std::vector<VariableSpec> lora_targets_;  // per adapter: the variable it adapts
   std::vector<Trainable> trainables_;
   ShardedModel frozen_;  // LoRA under a mesh: the frozen base, split variables as blocks
   GemmaModel model_;                  // LoRA: the frozen base; full: writable fp32 weights
