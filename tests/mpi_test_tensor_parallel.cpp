@@ -43,7 +43,8 @@ Batch random_batch(int64_t B, int64_t L, int vocab, uint64_t seed) {
 // axis (as `--layout auto` does).
 LayoutMap layout_for(const std::string& name, const GemmaConfig& c, int model_parts) {
   LayoutMap map;
-  const LayoutMap base = name == "tutorial" ? LayoutMap::tutorial_gemma("model") : LayoutMap::keras_hub_gemma("model", "batch");
+  const LayoutMap base =
+      name == "tutorial" ? LayoutMap::tutorial_gemma("model") : LayoutMap::keras_hub_gemma("model", "batch");
   for (const auto& [key, spec] : base.rules()) {
     PartitionSpec s = spec;
     if (key.find("(query|key|value)") != std::string::npos && c.num_key_value_heads % model_parts != 0) {
@@ -58,7 +59,7 @@ LayoutMap layout_for(const std::string& name, const GemmaConfig& c, int model_pa
 }
 
 struct Case {
-  std::string model;   // tiny, tiny-gemma2, tiny-gemma3
+  std::string model;  // tiny, tiny-gemma2, tiny-gemma3
   bool full;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.model << (c.full ? " full" : " lora"); }
@@ -81,47 +82,57 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
     }
     return lora;
   };
-  FitOptions options;
-  options.progress = false;
-  Trainer one(model, make_lora(), options);
-  const LossSums one_sums = one.train_step(batch, 0.0);
-
   std::vector<std::vector<int>> meshes = {{1, n}};
   if (n == 4) meshes.push_back({2, 2});
-  for (const auto& shape : meshes) {
-    for (const std::string layout_name : {"keras_hub", "tutorial"}) {
-      const std::string what = param.model + (param.full ? " full" : " lora") + " mesh " +
-                               std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + " " + layout_name;
-      DeviceMesh mesh(shape, {"batch", "model"}, comm);
-      Distribution dist;
-      dist.mesh = &mesh;
-      dist.layout = layout_for(layout_name, config, shape[1]);
-      const TensorParallelPlan plan = plan_tensor_parallel(config, dist.layout, mesh, "batch");
-      ASSERT_TRUE(plan.active()) << what << ": " << plan.summary;
-      Trainer many(model, make_lora(), options, dist);
-      const LossSums sums = many.train_step(batch, 0.0);
-      EXPECT_NEAR(sums.weighted_ce, one_sums.weighted_ce, 1e-5 * one_sums.weighted_ce) << what;
-      EXPECT_EQ(sums.weighted_correct, one_sums.weighted_correct) << what;
+  // Clipping (tiny limits, so it clips): AdamW leaves the clipped gradients in place, and their
+  // norms are over whole variables, summed from every process' blocks.
+  for (const std::string clip : {"none", "clipnorm", "global_clipnorm"}) {
+    FitOptions options;
+    options.progress = false;
+    if (clip == "clipnorm") options.adamw.clipnorm = 1e-3;
+    if (clip == "global_clipnorm") options.adamw.global_clipnorm = 1e-3;
+    Trainer one(model, make_lora(), options);
+    const LossSums one_sums = one.train_step(batch, 0.0);
+    for (const auto& shape : meshes) {
+      for (const std::string layout_name : {"keras_hub", "tutorial"}) {
+        if (clip != "none" && layout_name != "keras_hub") continue;
+        const std::string what = param.model + (param.full ? " full" : " lora") + " mesh " + std::to_string(shape[0]) +
+                                 "x" + std::to_string(shape[1]) + " " + layout_name + " clip " + clip;
+        DeviceMesh mesh(shape, {"batch", "model"}, comm);
+        Distribution dist;
+        dist.mesh = &mesh;
+        dist.layout = layout_for(layout_name, config, shape[1]);
+        const TensorParallelPlan plan = plan_tensor_parallel(config, dist.layout, mesh, "batch");
+        ASSERT_TRUE(plan.active()) << what << ": " << plan.summary;
+        Trainer many(model, make_lora(), options, dist);
+        const LossSums sums = many.train_step(batch, 0.0);
+        EXPECT_NEAR(sums.weighted_ce, one_sums.weighted_ce, 1e-5 * one_sums.weighted_ce) << what;
+        EXPECT_EQ(sums.weighted_correct, one_sums.weighted_correct) << what;
 
-      // Each parameter's gradient is this process' block (its layout's spec) of the whole one.
-      const auto variables = gemma_variables(config);
-      ASSERT_EQ(many.parameters().size(), one.parameters().size()) << what;
-      for (size_t i = 0; i < one.parameters().size(); ++i) {
-        const Parameter& whole = one.parameters()[i];
-        const Parameter& part = many.parameters()[i];
-        ShardSpec spec;
-        if (param.full) {
-          const VariableSpec& v = variables[i];
-          spec = make_shard_spec(v.kind, false, v.keras_shape, dist.layout.resolve(v.keras_path, v.keras_shape, mesh), mesh);
-        } else {
-          spec = make_shard_spec(VarKind::Norm, true, whole.shape, dist.layout.resolve(whole.path, whole.shape, mesh), mesh);
+        // Each parameter's gradient is this process' block (its layout's spec) of the whole one.
+        const auto variables = gemma_variables(config);
+        ASSERT_EQ(many.parameters().size(), one.parameters().size()) << what;
+        for (size_t i = 0; i < one.parameters().size(); ++i) {
+          const Parameter& whole = one.parameters()[i];
+          const Parameter& part = many.parameters()[i];
+          ShardSpec spec;
+          if (param.full) {
+            const VariableSpec& v = variables[i];
+            spec = make_shard_spec(v.kind, false, v.keras_shape, dist.layout.resolve(v.keras_path, v.keras_shape, mesh),
+                                   mesh);
+          } else {
+            spec = make_shard_spec(VarKind::Norm, true, whole.shape, dist.layout.resolve(whole.path, whole.shape, mesh),
+                                   mesh);
+          }
+          const std::vector<float> expected = take_block(whole.grad, spec);
+          ASSERT_EQ(part.size, expected.size()) << what << " " << whole.path;
+          double scale = 0, worst = 0;
+          for (float g : expected) scale = std::max(scale, double(std::fabs(g)));
+          for (size_t k = 0; k < expected.size(); ++k)
+            worst = std::max(worst, double(std::fabs(part.grad[k] - expected[k])));
+          EXPECT_LE(worst, 1e-5 * std::max(scale, 1e-6))
+              << what << " " << whole.path << " (max |grad| " << scale << ")";
         }
-        const std::vector<float> expected = take_block(whole.grad, spec);
-        ASSERT_EQ(part.size, expected.size()) << what << " " << whole.path;
-        double scale = 0, worst = 0;
-        for (float g : expected) scale = std::max(scale, double(std::fabs(g)));
-        for (size_t k = 0; k < expected.size(); ++k) worst = std::max(worst, double(std::fabs(part.grad[k] - expected[k])));
-        EXPECT_LE(worst, 1e-5 * std::max(scale, 1e-6)) << what << " " << whole.path << " (max |grad| " << scale << ")";
       }
     }
   }
@@ -132,7 +143,9 @@ INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
                                            Case{"tiny-gemma2", true}, Case{"tiny-gemma3", false},
                                            Case{"tiny-gemma3", true}),
                          [](const auto& info) {
-                           std::string name = info.param.model == "tiny" ? "Gemma1" : info.param.model == "tiny-gemma2" ? "Gemma2" : "Gemma3";
+                           std::string name = info.param.model == "tiny"          ? "Gemma1"
+                                              : info.param.model == "tiny-gemma2" ? "Gemma2"
+                                                                                  : "Gemma3";
                            return name + (info.param.full ? "Full" : "Lora");
                          });
 

@@ -82,16 +82,22 @@ void AdamW::step(const std::vector<Parameter>& params, double lr_value) {
   }
 
   // 1. Clip the gradients (Keras checks clipnorm, then global_clipnorm, then clipvalue).
+  std::vector<double> squared_norms;
+  if (options_.clipnorm > 0 || options_.global_clipnorm > 0) {
+    for (const auto& p : params) squared_norms.push_back(squared_norm(p));
+    if (sum_squared_norms) sum_squared_norms(squared_norms);
+  }
   if (options_.clipnorm > 0) {
     const float c = float(options_.clipnorm);
-    for (const auto& p : params) {
-      const float norm = std::sqrt(float(squared_norm(p)));
+    for (size_t k = 0; k < params.size(); ++k) {
+      const Parameter& p = params[k];
+      const float norm = std::sqrt(float(squared_norms[k]));
       const float denom = std::max(norm, c);
       for (size_t i = 0; i < p.size; ++i) p.grad[i] = (p.grad[i] * c) / denom;
     }
   } else if (options_.global_clipnorm > 0) {
     double total = 0;
-    for (const auto& p : params) total += squared_norm(p);
+    for (double n : squared_norms) total += n;
     const float c = float(options_.global_clipnorm);
     const float norm = std::sqrt(float(total));
     // Keras: scale = c·min(1/norm, 1/c), plus (norm − norm) so a non-finite norm gives NaN.

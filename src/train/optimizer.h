@@ -6,6 +6,7 @@
 // Plus learning-rate schedules (constant; linear warm-up then linear or cosine decay).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -34,6 +35,9 @@ class AdamW {
 
   int64_t iterations = 0;
   std::vector<std::vector<float>> momentums, velocities;  // per parameter, same order
+  // When parameters are blocks of variables split over processes: turns each parameter's local
+  // sum of squared gradients into its whole variable's (clipnorm / global_clipnorm need those).
+  std::function<void(std::vector<double>& squared_norms)> sum_squared_norms;
   const AdamWOptions& options() const { return options_; }
 
  private:

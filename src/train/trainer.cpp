@@ -82,6 +82,19 @@ Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOpti
   }
   place_variables();
   optimizer_ = std::make_unique<AdamW>(options_.adamw, params_);
+  if (dist_.mesh && dist_.mesh->size() > 1)
+    optimizer_->sum_squared_norms = [this](std::vector<double>& squared_norms) {
+      // Every process holds a block of each variable, and each block is held by mesh size ÷
+      // (number of blocks) processes: sum the blocks' squares over all, counting each block once.
+      DeviceMesh& mesh = *dist_.mesh;
+      for (size_t i = 0; i < squared_norms.size(); ++i) {
+        const Trainable& t = trainables_[i];
+        const ShardSpec& held = t.separate() ? t.shard : t.region;
+        const double holders = double(mesh.size()) * double(held.local_size()) / double(held.full_size());
+        squared_norms[i] /= holders;
+      }
+      mesh.comm().all_reduce_sum(squared_norms.data(), squared_norms.size());
+    };
 }
 
 // ---- placement on the mesh --------------------------------------------------------------------
@@ -96,9 +109,6 @@ void Trainer::place_variables() {
   }
   if (!dist_.mesh) return;
   DeviceMesh& mesh = *dist_.mesh;
-  const bool clipping = options_.adamw.clipnorm > 0 || options_.adamw.global_clipnorm > 0;
-  check(!clipping || mesh.size() == 1, "--clipnorm / --global-clipnorm are not supported under a mesh yet "
-        "(they need norms across blocks); use --clipvalue");
   plan_ = plan_tensor_parallel(config_, dist_.layout, mesh, dist_.batch_axis, dist_.tensor_parallel);
   if (is_main_process() && options_.progress) std::fprintf(stderr, "meshtune: %s\n", plan_.summary.c_str());
   if (lora_) {
