@@ -3,8 +3,9 @@
 // full fine-tuning, on meshes (1, n) and (2, n/2) with KerasHub's layout map (hidden dimension
 // over "batch") and the tutorial's: one step's loss and every parameter's gradient block equal the
 // one-device trainer's (1e-5 of the tensor's largest gradient) — checked before AdamW, which
-// magnifies last-bit differences of tiny gradients. Shared KV heads (1 KV head on 2 or 4 parts)
-// and the Gemma 3 query/key norm scales (partial sums over heads) are among the cases.
+// magnifies last-bit differences of tiny gradients. Shared KV heads (1 KV head on 2 or 4 parts),
+// the Gemma 3 query/key norm scales (partial sums over heads), the vocabulary-parallel embedding
+// and cross-entropy (both maps split the embedding's rows), and clipping are among the cases.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -103,7 +104,7 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
         dist.mesh = &mesh;
         dist.layout = layout_for(layout_name, config, shape[1]);
         const TensorParallelPlan plan = plan_tensor_parallel(config, dist.layout, mesh, "batch");
-        ASSERT_TRUE(plan.active()) << what << ": " << plan.summary;
+        ASSERT_TRUE(plan.active() && plan.vocab) << what << ": " << plan.summary;
         Trainer many(model, make_lora(), options, dist);
         const LossSums sums = many.train_step(batch, 0.0);
         EXPECT_NEAR(sums.weighted_ce, one_sums.weighted_ce, 1e-5 * one_sums.weighted_ce) << what;

@@ -98,8 +98,8 @@ GemmaModel ShardedModel::compute_model(bool by_layer) const {
   GemmaModel m = model_;
   m.config = plan_.local_config(model_.config);
   if (plan_.active()) {
-    Communicator* comm = &mesh_->axis_comm(plan_.axis);
-    m.tensor_parallel_sum = [comm](float* data, size_t count) { comm->all_reduce_sum(data, count); };
+    m.tensor_parallel = &mesh_->axis_comm(plan_.axis);
+    m.vocab_offset = plan_.vocab_offset(model_.config);
   }
   std::vector<const Block*> deferred;
   for (const VariableSpec& spec : gemma_variables(model_.config)) {

@@ -28,6 +28,9 @@ ShardSpec TensorParallelPlan::compute_region(const VariableSpec& spec) const {
     case Slot::FfwGating:
     case Slot::FfwGating2: narrow(s, 1, axis, part_of(s.full[1]) * index, part_of(s.full[1])); break;
     case Slot::FfwLinear: narrow(s, 2, axis, part_of(s.full[2]) * index, part_of(s.full[2])); break;
+    case Slot::Embeddings:  // (1, V, D)
+      if (vocab) narrow(s, 1, axis, part_of(s.full[1]) * index, part_of(s.full[1]));
+      break;
     default: break;
   }
   return s;
@@ -100,11 +103,16 @@ TensorParallelPlan plan_tensor_parallel(const GemmaConfig& c, const LayoutMap& l
       plan.kv_shared = K % p != 0;
       plan.kv_heads = K % p == 0 ? K / p : 1;
       plan.kv_offset = K % p == 0 ? plan.index * (K / p) : q0 / group;
+      for (const VariableSpec& v : variables)
+        if (v.slot == Slot::Embeddings) plan.vocab = axis_of(spec_of(v), 0) == axis;
       plan.summary = "tensor parallel over '" + axis + "' (" + std::to_string(p) + " ways): " + std::to_string(N / p) +
                      " of " + std::to_string(N) + " query heads, " + std::to_string(plan.kv_heads) + " of " +
                      std::to_string(K) + " KV heads" + (K % p == 0 ? "" : " (shared)") + ", " +
-                     std::to_string(c.ffw_dim / p) + " of " + std::to_string(c.ffw_dim) +
-                     " FFN columns per device; other split variables are all-gathered before use";
+                     std::to_string(c.ffw_dim / p) + " of " + std::to_string(c.ffw_dim) + " FFN columns" +
+                     (plan.vocab ? ", " + std::to_string(c.vocab_size / p) + " of " + std::to_string(c.vocab_size) +
+                                       " vocabulary rows (embedding and logits)"
+                                 : "") +
+                     " per device; other split variables are all-gathered before use";
       return plan;
     }
   }

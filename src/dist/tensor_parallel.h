@@ -6,7 +6,11 @@
 // Keys/values follow the query heads: a process uses the KV heads its query heads read (a slice
 // of a replicated kernel when the layout leaves K/V whole, e.g. 1 KV head on a 2-wide axis).
 //
-// Everything else a layout splits (the embedding, dimensions split over other axes such as
+// When the embedding is split over its vocabulary rows by the same axis, the lookup, the logits
+// and the cross-entropy are split too (vocabulary-parallel: each process computes its columns of
+// the logits; the softmax's max, sum and target logit are combined across processes).
+//
+// Everything else a layout splits (dimensions split over other axes such as
 // KerasHub's hidden dimension over "batch") is all-gathered before use (FSDP-style). Layouts that
 // do not have this shape run with every split variable all-gathered; `summary` says which plan
 // was chosen and why.
@@ -27,6 +31,7 @@ struct TensorParallelPlan {
   int parts = 1, index = 0;         // that axis' size, and this process' coordinate on it
   int kv_heads = 0, kv_offset = 0;  // the key/value heads this process computes with
   bool kv_shared = false;           // fewer KV heads than parts: several processes read each
+  bool vocab = false;               // the embedding is split by vocabulary rows over the axis too
   std::string summary;              // one line for logs and `info`: the plan, or why there is none
 
   bool active() const { return axis >= 0; }
@@ -34,6 +39,7 @@ struct TensorParallelPlan {
   GemmaConfig local_config(const GemmaConfig& whole) const;
   // The region of variable `spec` (whole, in our 3-D layout) that this process computes with.
   ShardSpec compute_region(const VariableSpec& spec) const;
+  int64_t vocab_offset(const GemmaConfig& whole) const { return vocab ? int64_t(whole.vocab_size / parts) * index : 0; }
   // True when this process' gradient of the variable is only its share, to be summed over the
   // axis: the Gemma 3 query/key norm scales (shared by all heads) and key/value kernels when KV
   // heads are shared.

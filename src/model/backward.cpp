@@ -36,7 +36,7 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
   linear_backward_input(d_up.data(), M, w.ffw_gating_2, d_normed.data(), /*accumulate=*/true);
   if (g.ffw_gating) linear_backward_weight(d_gate.data(), a.ffw_normed.data(), M, F, D, g.ffw_gating);
   if (g.ffw_gating_2) linear_backward_weight(d_up.data(), a.ffw_normed.data(), M, F, D, g.ffw_gating_2);
-  if (model.tensor_parallel_sum) model.tensor_parallel_sum(d_normed.data(), size_t(M * D));  // Σ over width
+  if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(d_normed.data(), size_t(M * D));  // Σ over width
   rmsnorm_backward(a.mid.data(), w.pre_ffw_norm.data(), M, D, eps, d_normed.data(), d_normed.data(), g.pre_ffw_norm);
   for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂mid
 
@@ -68,7 +68,7 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
   if (g.query) linear_backward_weight(dq.data(), a.attn_normed.data(), M, N * H, D, g.query);
   if (g.key) linear_backward_weight(dk.data(), a.attn_normed.data(), M, K * H, D, g.key);
   if (g.value) linear_backward_weight(dv.data(), a.attn_normed.data(), M, K * H, D, g.value);
-  if (model.tensor_parallel_sum) model.tensor_parallel_sum(d_normed.data(), size_t(M * D));  // Σ over heads
+  if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(d_normed.data(), size_t(M * D));  // Σ over heads
   rmsnorm_backward(a.input.data(), w.pre_attention_norm.data(), M, D, eps, d_normed.data(), d_normed.data(),
                    g.pre_attention_norm);
   for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂input
@@ -113,14 +113,18 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   std::vector<BlockActivations> saved;
   std::vector<float> hidden = backbone_forward(model, batch.token_ids, B, T, 0, cache, &trace, grads ? &saved : nullptr);
 
-  // Loss over the rows that carry weight, a chunk at a time (the logits of a chunk only).
+  // Loss over the rows that carry weight, a chunk at a time (the logits of a chunk only). With the
+  // vocabulary split over processes each holds its columns of the logits, and the softmax's max,
+  // sum and target logit are combined over the processes.
   std::vector<int64_t> rows;
   for (int64_t m = 0; m < M; ++m)
     if (batch.sample_weight[m] != 0.f) rows.push_back(m);
+  const int64_t part = model.embeddings.rows, v0 = model.vocab_offset;  // this process' vocabulary rows
+  Communicator* vocab_group = model.vocab_parallel() ? model.tensor_parallel : nullptr;
   // Rows per chunk: up to 256, with at most 64 Mi logits (256 MiB) at a time.
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 26) / V));
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 26) / part));
   std::vector<float> d_hidden(static_cast<size_t>(grads ? M * D : 0), 0.f);
-  std::vector<float> h_chunk(static_cast<size_t>(chunk * D)), logits(static_cast<size_t>(chunk * V)),
+  std::vector<float> h_chunk(static_cast<size_t>(chunk * D)), logits(static_cast<size_t>(chunk * part)),
       d_h_chunk(static_cast<size_t>(chunk * D));
   const float cap = c.final_logit_soft_cap;
   LossSums sums;
@@ -128,41 +132,67 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
     const int64_t n = std::min<int64_t>(chunk, int64_t(rows.size() - r0));
     for (int64_t i = 0; i < n; ++i)
       std::copy_n(hidden.begin() + rows[r0 + i] * D, D, h_chunk.begin() + i * D);
-    lm_head(model, h_chunk.data(), n, logits.data());
-    // Per row: CE and argmax, then (training) overwrite the row with ∂L/∂raw_logits. Rows are
-    // independent, so they run in parallel; each row's exponentials are computed once.
-    std::vector<double> row_ce(static_cast<size_t>(n)), row_correct(static_cast<size_t>(n));
+    lm_head_local(model, h_chunk.data(), n, logits.data());
+    // Each row's largest logit and its index (ties: the first index, as Keras' argmax).
+    std::vector<float> row_max(static_cast<size_t>(n)), row_best(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* z = logits.data() + i * part;
+      const int64_t best = std::max_element(z, z + part) - z;
+      row_max[size_t(i)] = z[best];
+      row_best[size_t(i)] = float(v0 + best);  // exact: vocabularies are below 2^24
+    }
+    if (vocab_group) {  // the first process (= lowest index) holding the overall maximum wins
+      const int p = vocab_group->size();
+      std::vector<float> mine(row_max), all(static_cast<size_t>(2 * n * p));
+      mine.insert(mine.end(), row_best.begin(), row_best.end());
+      vocab_group->all_gather(mine.data(), mine.size(), all.data());
+      for (int64_t i = 0; i < n; ++i)
+        for (int r = 0; r < p; ++r) {
+          const float value = all[size_t((2 * r) * n + i)], index = all[size_t((2 * r + 1) * n + i)];
+          if (r == 0 || value > row_max[size_t(i)]) row_max[size_t(i)] = value, row_best[size_t(i)] = index;
+        }
+    }
+    // Σ exp(z − max) over this process' columns, and the target's logit if it is one of them.
+    std::vector<double> row_sums(static_cast<size_t>(2 * n), 0.0);  // [sum_exp…, z_y…]
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* z = logits.data() + i * part;
+      const int64_t y = batch.targets[rows[r0 + size_t(i)]] - v0;
+      double sum_exp = 0;
+      for (int64_t v = 0; v < part; ++v) sum_exp += std::exp(double(z[v] - row_max[size_t(i)]));
+      row_sums[size_t(i)] = sum_exp;
+      row_sums[size_t(n + i)] = y >= 0 && y < part ? double(z[y]) : 0.0;
+    }
+    if (vocab_group) vocab_group->all_reduce_sum(row_sums.data(), row_sums.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t m = rows[r0 + size_t(i)];
+      const double w = batch.sample_weight[m];
+      const double log_sum = std::log(row_sums[size_t(i)]);
+      sums.weighted_ce += w * (log_sum + double(row_max[size_t(i)]) - double(float(row_sums[size_t(n + i)])));
+      sums.weighted_correct += w * (int64_t(row_best[size_t(i)]) == batch.targets[m] ? 1.0 : 0.0);
+      sums.weight += batch.sample_weight[m];
+    }
+    if (!grads) continue;
+    // ∂(scale·w·CE)/∂z = scale·w·(softmax − onehot), through the final soft-cap if any; the chunk's
+    // logits buffer then holds ∂L/∂raw_logits. Rows are independent: they run in parallel.
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const int64_t m = rows[r0 + size_t(i)];
-      float* z = logits.data() + i * V;
-      const int32_t y = batch.targets[m];
-      const double w = batch.sample_weight[m];
-      const int64_t best = std::max_element(z, z + V) - z;  // ties: first index, as Keras' argmax
-      const float max_z = z[best], z_y = z[y];
-      double sum_exp = 0;
-      for (int64_t v = 0; v < V; ++v) sum_exp += std::exp(double(z[v] - max_z));
-      const double log_sum = std::log(sum_exp);
-      row_ce[size_t(i)] = w * (log_sum + max_z - z_y);
-      row_correct[size_t(i)] = w * (best == y ? 1.0 : 0.0);
-      if (!grads) continue;
-      // ∂(scale·w·CE)/∂z = scale·w·(softmax − onehot), through the final soft-cap if any.
-      const float factor = float(loss_scale * w), inv_sum = float(1.0 / sum_exp);
-      for (int64_t v = 0; v < V; ++v) {
+      float* z = logits.data() + i * part;
+      const int64_t y = batch.targets[m] - v0;
+      const float factor = float(loss_scale * batch.sample_weight[m]), inv_sum = float(1.0 / row_sums[size_t(i)]);
+      const float max_z = row_max[size_t(i)];
+      for (int64_t v = 0; v < part; ++v) {
         float dz = std::exp(z[v] - max_z) * inv_sum * factor;
         if (v == y) dz -= factor;
         if (cap > 0) dz *= 1.f - (z[v] / cap) * (z[v] / cap);
-        z[v] = dz;  // the chunk's logits buffer now holds ∂L/∂raw_logits
+        z[v] = dz;
       }
     }
-    for (int64_t i = 0; i < n; ++i) {
-      sums.weighted_ce += row_ce[size_t(i)];
-      sums.weighted_correct += row_correct[size_t(i)];
-      sums.weight += batch.sample_weight[rows[r0 + size_t(i)]];
-    }
-    if (!grads) continue;
     linear_backward_input(logits.data(), n, model.embeddings, d_h_chunk.data());
-    if (grads->embeddings) linear_backward_weight(logits.data(), h_chunk.data(), n, V, D, grads->embeddings);
+    if (vocab_group) vocab_group->all_reduce_sum(d_h_chunk.data(), size_t(n * D));  // Σ over vocabulary parts
+    if (grads->embeddings) linear_backward_weight(logits.data(), h_chunk.data(), n, part, D, grads->embeddings);
     for (int64_t i = 0; i < n; ++i)
       std::copy_n(d_h_chunk.begin() + i * D, D, d_hidden.begin() + rows[r0 + i] * D);
   }
@@ -179,7 +209,9 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   if (grads->embeddings) {
     const float embedding_scale = float(std::sqrt(double(D)));
     for (int64_t m = 0; m < M; ++m) {
-      float* row = grads->embeddings + int64_t(batch.token_ids[m]) * D;
+      const int64_t row_index = int64_t(batch.token_ids[m]) - model.vocab_offset;
+      if (row_index < 0 || row_index >= model.embeddings.rows) continue;  // another process' row
+      float* row = grads->embeddings + row_index * D;
       for (int64_t i = 0; i < D; ++i) row[i] += dx[m * D + i] * embedding_scale;
     }
   }

@@ -133,7 +133,7 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   attention(a.q.data(), cache_k, cache_v, cache.key_valid.data(), attention_shape(c, layer, B, T, start, S),
             a.attended.data());
   linear(a.attended.data(), M, w.attention_output, a.attn_projected.data());
-  if (model.tensor_parallel_sum) model.tensor_parallel_sum(a.attn_projected.data(), size_t(M * D));  // Σ over heads
+  if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.attn_projected.data(), size_t(M * D));  // Σ over heads
   std::vector<float> residual = a.attn_projected;
   if (c.use_post_attention_norm) rmsnorm(residual.data(), w.post_attention_norm.data(), M, D, eps, residual.data());
   for (int64_t i = 0; i < M * D; ++i) x[i] += residual[i];
@@ -150,7 +150,7 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   a.activated = a.gate;
   geglu(a.activated.data(), a.up.data(), M * F);
   linear(a.activated.data(), M, w.ffw_linear, a.ffw_projected.data());
-  if (model.tensor_parallel_sum) model.tensor_parallel_sum(a.ffw_projected.data(), size_t(M * D));  // Σ over width
+  if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.ffw_projected.data(), size_t(M * D));  // Σ over width
   residual = a.ffw_projected;
   if (c.use_post_ffw_norm) rmsnorm(residual.data(), w.post_ffw_norm.data(), M, D, eps, residual.data());
   for (int64_t i = 0; i < M * D; ++i) x[i] += residual[i];
@@ -163,13 +163,16 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
   const int64_t D = c.hidden_dim, M = B * T;
   check(B <= cache.batch && start + T <= cache.capacity, "KV cache too small: ", B, " rows × ", start + T,
         " positions needed, ", cache.batch, " × ", cache.capacity, " allocated");
-  std::vector<float> x(size_t(M * D));
+  std::vector<float> x(size_t(M * D), 0.f);
+  const int64_t v0 = model.vocab_offset, v1 = v0 + model.embeddings.rows;
   for (int64_t m = 0; m < M; ++m) {
     const int32_t id = tokens[m];
     check(id >= 0 && id < c.vocab_size, "token id ", id, " at [", m / T, ", ", m % T,
           "] is outside the vocabulary (size ", c.vocab_size, ")");
-    model.embeddings.row_to_f32(id, x.data() + m * D);
+    if (id >= v0 && id < v1) model.embeddings.row_to_f32(id - v0, x.data() + m * D);
   }
+  // Vocabulary split: each row came from one process, the others hold zeros there.
+  if (model.vocab_parallel()) model.tensor_parallel->all_reduce_sum(x.data(), x.size());
   if (trace) trace->embedding_lookup = x;
   const float embedding_scale = float(std::sqrt(double(D)));  // rounded to the compute dtype first
   for (float& value : x) value *= embedding_scale;
@@ -186,10 +189,23 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
   return x;
 }
 
-void lm_head(const GemmaModel& model, const float* hidden, int64_t M, float* logits) {
+void lm_head_local(const GemmaModel& model, const float* hidden, int64_t M, float* logits) {
   linear(hidden, M, model.embeddings, logits);
   if (model.config.final_logit_soft_cap > 0)
-    soft_cap(logits, M * model.config.vocab_size, model.config.final_logit_soft_cap);
+    soft_cap(logits, M * model.embeddings.rows, model.config.final_logit_soft_cap);
+}
+
+void lm_head(const GemmaModel& model, const float* hidden, int64_t M, float* logits) {
+  if (!model.vocab_parallel()) return lm_head_local(model, hidden, M, logits);
+  // Each process' columns, gathered (in process = vocabulary order) and laid out row by row.
+  const int64_t V = model.config.vocab_size, part = model.embeddings.rows;
+  Communicator& comm = *model.tensor_parallel;
+  std::vector<float> mine(static_cast<size_t>(M * part)), all(static_cast<size_t>(M * part) * size_t(comm.size()));
+  lm_head_local(model, hidden, M, mine.data());
+  comm.all_gather(mine.data(), mine.size(), all.data());
+  for (int r = 0; r < comm.size(); ++r)
+    for (int64_t m = 0; m < M; ++m)
+      std::copy_n(all.begin() + (int64_t(r) * M + m) * part, part, logits + m * V + r * part);
 }
 
 }  // namespace meshtune

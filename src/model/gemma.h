@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "dist/communicator.h"
 #include "kernels/attention.h"
 #include "kernels/linear.h"
 #include "model/config.h"
@@ -42,9 +43,13 @@ struct GemmaModel {
     return layer_source ? layer_source(layer) : layers[size_t(layer)];
   }
   // Tensor parallelism (dist/tensor_parallel.h): set when `config` and the block weights are this
-  // process' share of the heads and FFN width. Sums a partial block output (and, in backward, the
-  // partial gradient of a block input) over the processes that share the block.
-  std::function<void(float* data, size_t count)> tensor_parallel_sum;
+  // process' share of the heads and FFN width; partial block outputs (and, in backward, partial
+  // gradients of block inputs) are summed over this group of processes.
+  Communicator* tensor_parallel = nullptr;
+  // Vocabulary parallelism (with tensor_parallel): `embeddings` holds rows vocab_offset …
+  // vocab_offset + embeddings.rows − 1 of the whole table; lookups and logits are split by row.
+  int64_t vocab_offset = 0;
+  bool vocab_parallel() const { return embeddings.rows < config.vocab_size; }
 
   size_t weight_bytes() const;  // bytes of all weights as stored in memory
 
@@ -99,7 +104,9 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
                                     int64_t start, KVCache& cache, ForwardTrace* trace = nullptr,
                                     std::vector<BlockActivations>* saved = nullptr);
 
-// logits[M, V] = soft_cap(hidden[M, D] · Embᵀ).
+// logits[M, V] = soft_cap(hidden[M, D] · Embᵀ) (all-gathered over the vocabulary when it is split).
 void lm_head(const GemmaModel& model, const float* hidden, int64_t M, float* logits);
+// This process' columns of the logits: [M, embeddings.rows] for vocabulary rows vocab_offset ….
+void lm_head_local(const GemmaModel& model, const float* hidden, int64_t M, float* logits);
 
 }  // namespace meshtune

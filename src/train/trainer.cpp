@@ -150,8 +150,8 @@ void Trainer::place_variables() {
     }
     model_.config = plan_.local_config(config_);
     if (plan_.active()) {
-      Communicator* comm = &mesh.axis_comm(plan_.axis);
-      model_.tensor_parallel_sum = [comm](float* data, size_t count) { comm->all_reduce_sum(data, count); };
+      model_.tensor_parallel = &mesh.axis_comm(plan_.axis);
+      model_.vocab_offset = plan_.vocab_offset(config_);
     }
   }
   // The optimizer sees blocks where they are separate, else the working copies.
@@ -246,7 +246,8 @@ GemmaModel Trainer::current_model() {
   if (!plan_.active()) return model_;  // whole working copies
   GemmaModel m = model_;  // tensor parallel: each variable gathered from its parts
   m.config = config_;
-  m.tensor_parallel_sum = nullptr;
+  m.tensor_parallel = nullptr;
+  m.vocab_offset = 0;
   const auto specs = gemma_variables(config_);
   for (size_t i = 0; i < specs.size(); ++i) {
     const Trainable& t = trainables_[i];
