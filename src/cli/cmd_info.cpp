@@ -10,6 +10,7 @@
 
 #include "cli/loading.h"
 #include "cli/mesh_options.h"
+#include "dist/tensor_parallel.h"
 #include "core/error.h"
 #include "dist/layout.h"
 #include "model/lora.h"
@@ -185,6 +186,9 @@ Runner add_info_command(CLI::App& app) {
       for (size_t i = 0; i < replicated.size() && i < 3; ++i)
         largest += (i ? ", " : "") + replicated[i]->path + " (" + with_commas((long long)replicated[i]->bytes) + " B)";
       std::printf("Largest replicated variables: %s\n", largest.empty() ? "none" : largest.c_str());
+      const TensorParallelPlan plan =
+          plan_tensor_parallel(c, layout, mesh_shape, axis_names, m.batch_axis, {}, !m.no_tensor_parallel);
+      std::printf("Compute: %s\n", plan.summary.c_str());
       std::fflush(stdout);
       for (const auto& w : warnings) std::cerr << "meshtune: " << w << "\n";
     }
