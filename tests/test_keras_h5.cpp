@@ -281,3 +281,51 @@ TEST(KerasH5, RejectsShapeBomb) {
   }
   expect_error_containing([&] { read_h5_datasets(path); }, "declares");
 }
+
+// Sharded loading: a box (HDF5 hyperslab) reads exactly that part of a dataset, also for bf16;
+// other datasets are read whole; a box outside the dataset is an error naming it.
+TEST(KerasH5, ReadsOnlyTheSelectedBlock) {
+  const std::string path = fixture("keras/preset-gemma-tiny/model.weights.h5");
+  const std::string query = "layers/gemma_decoder_block/attention/query_dense/vars/0";  // (4, 64, 16)
+  auto whole = read_h5_datasets(path);
+  auto part = read_h5_datasets(path, [&](const std::string& name, const Shape& shape) -> std::optional<DatasetBox> {
+    if (name != query) return std::nullopt;
+    EXPECT_EQ(shape, Shape({4, 64, 16}));
+    return DatasetBox{{2, 8, 0}, {2, 32, 16}};
+  });
+  ASSERT_EQ(part.at(query).shape, Shape({2, 32, 16}));
+  const float* all = whole.at(query).as<float>();
+  const float* got = part.at(query).as<float>();
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t d = 0; d < 32; ++d)
+      for (int64_t h = 0; h < 16; ++h)
+        ASSERT_EQ(got[(n * 32 + d) * 16 + h], all[((n + 2) * 64 + d + 8) * 16 + h]) << n << " " << d << " " << h;
+  for (const auto& [name, t] : whole)
+    if (name != query) EXPECT_EQ(part.at(name).shape, t.shape) << name;
+
+  // bf16 (2-byte opaque) datasets are cut the same way.
+  const std::string dir = make_temp_dir("h5box");
+  std::vector<uint16_t> bits(6 * 4);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = uint16_t(0x3f80 + i);
+  HostTensor t = HostTensor::allocate(DType::BF16, {6, 4});
+  std::memcpy(t.mutable_as<std::byte>(), bits.data(), bits.size() * 2);
+  write_h5_datasets(dir + "/w.h5", {{"x", t}});
+  auto box = read_h5_datasets(dir + "/w.h5", [](const std::string&, const Shape&) {
+    return std::optional<DatasetBox>(DatasetBox{{3, 1}, {3, 2}});
+  });
+  ASSERT_EQ(box.at("x").dtype, DType::BF16);
+  ASSERT_EQ(box.at("x").shape, Shape({3, 2}));
+  const uint16_t* b = box.at("x").as<uint16_t>();
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 2; ++c) EXPECT_EQ(b[r * 2 + c], bits[size_t((r + 3) * 4 + c + 1)]);
+
+  try {
+    read_h5_datasets(dir + "/w.h5", [](const std::string&, const Shape&) {
+      return std::optional<DatasetBox>(DatasetBox{{4, 0}, {3, 4}});
+    });
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset x"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("outside"), std::string::npos) << e.what();
+  }
+}

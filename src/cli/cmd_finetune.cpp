@@ -111,8 +111,16 @@ Runner add_finetune_command(CLI::App& app) {
     // Pre-tokenized data needs no tokenizer (unless samples are asked for).
     const bool pretokenized = o->data.rfind("npy:", 0) == 0 ||
                               (o->data.size() > 4 && o->data.compare(o->data.size() - 4, 4, ".npy") == 0);
+    // Under a mesh, LoRA reads only this process' blocks of the frozen weights the layout splits
+    // (full fine-tuning reads them whole: its working copies start from the whole weights).
+    std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
+    Distribution distribution;
+    if (mesh)
+      distribution = o->mesh.make_distribution(
+          mesh.get(), read_model_config(inspect_model_dir(resolve_model_path(o->model.model, o->model.models_dir))));
     LoadedModel loaded =
-        load_model_and_tokenizer(o->model, !pretokenized || !o->sample_prompts.empty() || !o->validation_data.empty());
+        load_model_and_tokenizer(o->model, !pretokenized || !o->sample_prompts.empty() || !o->validation_data.empty(),
+                                 mesh && !o->full ? sharded_blocks(distribution.layout, *mesh) : VariableBlocks{});
     const GemmaConfig config = loaded.model.config;
 
     Dataset dataset = load_dataset(o->data, o->text_field);
@@ -164,16 +172,16 @@ Runner add_finetune_command(CLI::App& app) {
     if (const char* rank = std::getenv("MESHTUNE_TEST_KILL_RANK"))  // only that rank dies
       if (world().rank() != std::atoi(rank)) fit.kill_after_step = 0;
 
-    std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
     const bool main_process = !mesh || mesh->comm().rank() == 0;
     if (!main_process) {
       fit.log_jsonl.clear();
       fit.progress = false;
     }
-    const size_t one_device_bytes = loaded.model.weight_bytes();
+    const size_t one_device_bytes =
+        size_t(config.num_parameters()) * (loaded.model.embeddings.dtype == DType::BF16 ? 2 : 4);
     const std::vector<int> stop_ids =
         loaded.tokenizer ? default_stop_token_ids(loaded.model, *loaded.tokenizer) : std::vector<int>{1};
-    Trainer trainer(std::move(loaded.model), lora, fit, o->mesh.make_distribution(mesh.get(), config));
+    Trainer trainer(std::move(loaded.model), lora, fit, distribution);
     if (main_process)  // what sharding saves, from our tables and from the allocator
       std::cerr << (mesh ? "mesh " + mesh->describe() : std::string("one device")) << ": this process holds "
                 << trainer.held_weight_bytes() << " bytes of weights (one device: " << one_device_bytes
@@ -214,14 +222,16 @@ Runner add_finetune_command(CLI::App& app) {
       return 130;
     }
 
-    GemmaModel final_model = trainer.current_model();  // every process takes part in the gathers
-    if (main_process && lora) {
+    if (lora && main_process) {
       save_keras_lora((fs::path(o->out) / "adapter.lora.h5").string(), config, *trainer.lora());
       save_peft_adapter((fs::path(o->out) / "adapter").string(), config, *trainer.lora());
       std::cerr << "wrote " << o->out << "/adapter.lora.h5 (Keras) and " << o->out << "/adapter/ (PEFT)\n";
-    } else if (main_process) {
-      save_keras_preset(final_model, loaded.dir.tokenizer_path, o->seq_len, (fs::path(o->out) / "model").string());
-      std::cerr << "wrote " << o->out << "/model (Keras preset)\n";
+    } else if (!lora) {
+      GemmaModel final_model = trainer.current_model();  // every process takes part in the gathers
+      if (main_process) {
+        save_keras_preset(final_model, loaded.dir.tokenizer_path, o->seq_len, (fs::path(o->out) / "model").string());
+        std::cerr << "wrote " << o->out << "/model (Keras preset)\n";
+      }
     }
     nlohmann::json result = {{"steps", trainer.step()}, {"loss", metrics.loss}, {"accuracy", metrics.accuracy},
                              {"trainable_params", trainer.trainable_count()},

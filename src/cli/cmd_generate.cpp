@@ -37,15 +37,19 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_flag("--json", o->json, "Print one JSON object per prompt: prompt, text (the completion), token_ids");
   o->mesh.add_to(*cmd);
   return [o] {
-    LoadedModel loaded = load_model_and_tokenizer(o->model, true);
-    // Under a mesh each process keeps only its blocks of the weights the layout splits; it computes
-    // its share of the heads and FFN width where the layout allows (tensor parallel), and the other
-    // split weights are all-gathered. Every process generates the same tokens.
+    // Under a mesh each process reads and keeps only its blocks of the weights the layout splits; it
+    // computes its share of the heads, FFN width and vocabulary where the layout allows (tensor
+    // parallel), and the other split weights are all-gathered. Every process generates the same tokens.
     std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
+    LayoutMap layout;
+    if (mesh) {
+      const GemmaConfig config = read_model_config(inspect_model_dir(resolve_model_path(o->model.model, o->model.models_dir)));
+      layout = o->mesh.make_layout(config, mesh->shape(), mesh->axis_names());
+    }
+    LoadedModel loaded = load_model_and_tokenizer(o->model, true, mesh ? sharded_blocks(layout, *mesh) : VariableBlocks{});
     std::unique_ptr<ShardedModel> sharded;
     if (mesh) {
       const GemmaConfig config = loaded.model.config;
-      const LayoutMap layout = o->mesh.make_layout(config, mesh->shape(), mesh->axis_names());
       const TensorParallelPlan plan = plan_tensor_parallel(config, layout, *mesh, o->mesh.batch_axis, !o->mesh.no_tensor_parallel);
       if (mesh->comm().rank() == 0) std::cerr << "meshtune: " << plan.summary << "\n";
       sharded = std::make_unique<ShardedModel>(std::move(loaded.model), layout, *mesh, plan);

@@ -9,11 +9,11 @@
 
 namespace meshtune::cli {
 
-LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer) {
+LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer, const VariableBlocks& blocks) {
   LoadedModel loaded;
   loaded.dir = inspect_model_dir(resolve_model_path(options.model, options.models_dir));
   auto t0 = std::chrono::steady_clock::now();
-  loaded.model = load_model(loaded.dir, !options.fp32_weights);
+  loaded.model = load_model(loaded.dir, !options.fp32_weights, options.lora.empty() ? blocks : VariableBlocks{});
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool main_process = world().rank() == 0;  // one log line per job, not per rank
   if (main_process) std::cerr << "loaded " << loaded.dir.path << " ("

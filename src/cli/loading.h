@@ -15,6 +15,7 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;  // null when not asked for
 };
 
-LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer);
+// `blocks`: sharded loading (see load_model); ignored when a LoRA adapter is merged at load.
+LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer, const VariableBlocks& blocks = {});
 
 }  // namespace meshtune::cli

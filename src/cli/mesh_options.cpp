@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "dist/sharding.h"
 
 namespace meshtune::cli {
 
@@ -90,6 +91,21 @@ Distribution MeshOptions::make_distribution(DeviceMesh* m, const GemmaConfig& co
   d.batch_axis = batch_axis;
   d.tensor_parallel = !no_tensor_parallel;
   return d;
+}
+
+VariableBlocks sharded_blocks(const LayoutMap& layout, DeviceMesh& mesh) {
+  return [&layout, &mesh](const VariableSpec& spec) -> std::optional<DatasetBox> {
+    const ShardSpec s = make_shard_spec(spec.kind, false, spec.keras_shape,
+                                        layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
+    if (s.local_size() == s.full_size()) return std::nullopt;
+    DatasetBox box;
+    const std::vector<int> dims = our_dimensions(spec.kind, false, spec.keras_shape.size());
+    for (int d : dims) {
+      box.start.push_back(s.offset[size_t(d)]);
+      box.count.push_back(s.local[size_t(d)]);
+    }
+    return box;
+  };
 }
 
 }  // namespace meshtune::cli

@@ -11,6 +11,7 @@
 #include "dist/layout.h"
 #include "dist/mesh.h"
 #include "model/config.h"
+#include "model/load.h"
 #include "train/trainer.h"
 
 namespace meshtune::cli {
@@ -38,5 +39,9 @@ struct MeshOptions {
                         const std::vector<std::string>& axis_names) const;
   Distribution make_distribution(DeviceMesh* mesh, const GemmaConfig& config) const;
 };
+
+// For sharded loading (load_model): this process' block, as a box in Keras dimensions, of every
+// variable `layout` splits on `mesh`. Both must outlive the returned function.
+VariableBlocks sharded_blocks(const LayoutMap& layout, DeviceMesh& mesh);
 
 }  // namespace meshtune::cli

@@ -48,7 +48,15 @@ ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh
     ShardSpec shard = make_shard_spec(spec.kind, false, spec.keras_shape,
                                       layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
     if (!shard.split()) continue;
-    blocks_.push_back({spec, shard, block_of(model_, spec, shard)});
+    // A variable that already holds just this block was loaded that way (sharded loading).
+    const WeightMatrix* w = model_.matrix(spec.slot, spec.layer);
+    const int64_t stored = w ? w->rows * w->cols : int64_t(model_.vector(spec.slot, spec.layer)->size());
+    const bool loaded_as_block = stored == shard.local_size() && stored < shard.full_size();
+    WeightMatrix values = loaded_as_block && w && w->dtype == DType::F32
+                              ? *w  // shares the loader's buffer: no second copy of a large block
+                              : WeightMatrix::from_f32(1, stored, loaded_as_block ? variable_values(model_, spec)
+                                                                                  : block_of(model_, spec, shard));
+    blocks_.push_back({spec, shard, std::move(values)});
     set_variable(model_, spec, {});  // keep only the block
   }
 }
@@ -57,7 +65,7 @@ GemmaModel ShardedModel::materialize() const {
   GemmaModel m = model_;
   for (const Block& b : blocks_) {
     std::vector<float> full(static_cast<size_t>(b.shard.full_size()));
-    gather_full(b.values.data(), b.shard, *mesh_, full.data());
+    gather_full(b.values.f32(), b.shard, *mesh_, full.data());
     set_variable(m, b.spec, std::move(full));
   }
   return m;
@@ -123,11 +131,11 @@ GemmaModel ShardedModel::compute_model(bool by_layer) const {
       continue;
     }
     if (contains(region, block->shard) && !relative(block->shard, region).split()) {
-      put_region(m, nullptr, spec, region, {}, block->values.data());  // this process' block is its region
+      put_region(m, nullptr, spec, region, {}, block->values.f32());  // this process' block is its region
     } else if (by_layer && spec.layer >= 0) {
       deferred.push_back(block);
     } else {
-      put_region(m, nullptr, spec, region, gather_region(block->values.data(), block->shard, region, *mesh_));
+      put_region(m, nullptr, spec, region, gather_region(block->values.f32(), block->shard, region, *mesh_));
     }
   }
   if (!deferred.empty())
@@ -137,7 +145,7 @@ GemmaModel ShardedModel::compute_model(bool by_layer) const {
       for (const Block* b : deferred) {
         if (b->spec.layer != layer) continue;
         const ShardSpec region = plan_.compute_region(b->spec);
-        put_region(unused, &w, b->spec, region, gather_region(b->values.data(), b->shard, region, *mesh_));
+        put_region(unused, &w, b->spec, region, gather_region(b->values.f32(), b->shard, region, *mesh_));
       }
       return w;
     };
@@ -146,7 +154,7 @@ GemmaModel ShardedModel::compute_model(bool by_layer) const {
 
 size_t ShardedModel::held_bytes() const {
   size_t bytes = model_.weight_bytes();
-  for (const Block& b : blocks_) bytes += b.values.size() * 4;
+  for (const Block& b : blocks_) bytes += b.values.nbytes();
   return bytes;
 }
 

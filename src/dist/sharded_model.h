@@ -43,7 +43,7 @@ class ShardedModel {
   struct Block {
     VariableSpec spec;
     ShardSpec shard;
-    std::vector<float> values;
+    WeightMatrix values;  // fp32, shard.local_size() values (may share the loader's buffer)
   };
   GemmaModel model_;
   std::vector<Block> blocks_;

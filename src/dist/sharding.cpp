@@ -5,7 +5,7 @@
 namespace meshtune {
 
 // Our 3-D dimension that holds each Keras dimension (see keras_to_ours in model/variables.cpp).
-static std::vector<int> our_dims(VarKind kind, bool identity, size_t keras_rank) {
+std::vector<int> our_dimensions(VarKind kind, bool identity, size_t keras_rank) {
   if (identity) {  // right-aligned: rank-1 → {2}, rank-2 → {1, 2}, rank-3 → {0, 1, 2}
     std::vector<int> dims;
     for (size_t i = 0; i < keras_rank; ++i) dims.push_back(int(3 - keras_rank + i));
@@ -23,7 +23,7 @@ static std::vector<int> our_dims(VarKind kind, bool identity, size_t keras_rank)
 
 ShardSpec whole_shard_spec(VarKind kind, bool identity, const Shape& keras_shape) {
   ShardSpec s;
-  const std::vector<int> dims = our_dims(kind, identity, keras_shape.size());
+  const std::vector<int> dims = our_dimensions(kind, identity, keras_shape.size());
   check(dims.size() == keras_shape.size(), "sharding: rank mismatch");
   for (size_t k = 0; k < keras_shape.size(); ++k) s.full[size_t(dims[k])] = keras_shape[k];
   s.local = s.full;
@@ -59,7 +59,7 @@ ShardSpec relative(const ShardSpec& inner, const ShardSpec& outer) {
 ShardSpec make_shard_spec(VarKind kind, bool identity, const Shape& keras_shape, const PartitionSpec& spec,
                           DeviceMesh& mesh) {
   ShardSpec s = whole_shard_spec(kind, identity, keras_shape);
-  const std::vector<int> dims = our_dims(kind, identity, keras_shape.size());
+  const std::vector<int> dims = our_dimensions(kind, identity, keras_shape.size());
   check(spec.size() == keras_shape.size(), "sharding: rank mismatch");
   for (size_t k = 0; k < spec.size(); ++k) {
     if (!spec[k]) continue;

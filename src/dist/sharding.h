@@ -30,6 +30,9 @@ struct ShardSpec {
 ShardSpec make_shard_spec(VarKind kind, bool identity_layout, const Shape& keras_shape, const PartitionSpec& spec,
                           DeviceMesh& mesh);
 
+// Our 3-D dimension holding each Keras dimension of a variable of `kind` (identity layout: LoRA).
+std::vector<int> our_dimensions(VarKind kind, bool identity_layout, size_t keras_rank);
+
 // The whole variable as a spec (nothing split), and narrowing dimension `dim` of a spec to
 // [offset, offset + length) as split over mesh axis `axis` (tensor parallelism's compute regions).
 ShardSpec whole_shard_spec(VarKind kind, bool identity_layout, const Shape& keras_shape);

@@ -141,7 +141,8 @@ herr_t collect_dataset(hid_t group, const char* name, const H5L_info_t* info, vo
   return 0;
 }
 
-HostTensor read_dataset(hid_t file, const std::string& path, const std::string& name, uint64_t file_size) {
+HostTensor read_dataset(hid_t file, const std::string& path, const std::string& name, uint64_t file_size,
+                        const DatasetSelection& select) {
   const std::string where = "file " + path + ": dataset " + name;
   Handle dset = checked(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose, where, "H5Dopen");
 
@@ -222,6 +223,28 @@ HostTensor read_dataset(hid_t file, const std::string& path, const std::string& 
     fail("file ", path, ": dataset ", name, " declares ", declared, " bytes but the file holds ", file_size);
   }
 
+  const std::optional<DatasetBox> box = select ? select(name, shape) : std::nullopt;
+  if (box) {  // a hyperslab: only the box's bytes are read
+    check(box->start.size() == shape.size() && box->count.size() == shape.size(), where, ": a ",
+          box->start.size(), "-d block was asked of a ", shape.size(), "-d dataset");
+    std::vector<hsize_t> start, block;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      check(box->start[d] >= 0 && box->count[d] >= 0 && box->start[d] + box->count[d] <= shape[d], where,
+            ": block [", box->start[d], ", +", box->count[d], ") of dimension ", d, " is outside ", shape_str(shape));
+      start.push_back(hsize_t(box->start[d]));
+      block.push_back(hsize_t(box->count[d]));
+    }
+    HostTensor part = HostTensor::allocate(dtype, Shape(box->count.begin(), box->count.end()));
+    if (part.nbytes() == 0) return part;
+    Handle file_space = checked(H5Dget_space(dset.get()), H5Sclose, where, "H5Dget_space");
+    check_status(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, block.data(), nullptr),
+                 where, "H5Sselect_hyperslab");
+    Handle mem_space = checked(H5Screate_simple(int(block.size()), block.data(), nullptr), H5Sclose, where, "H5Screate_simple");
+    check_status(H5Dread(dset.get(), mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT,
+                         part.mutable_as<std::byte>()),
+                 where, "H5Dread (block)");
+    return part;
+  }
   HostTensor tensor = HostTensor::allocate(dtype, shape);
   if (count > 0) {
     check_status(H5Dread(dset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.mutable_as<std::byte>()), where,
@@ -328,7 +351,7 @@ void write_file(const std::string& tmp, const std::vector<std::pair<std::string,
 
 }  // namespace
 
-std::map<std::string, HostTensor> read_h5_datasets(const std::string& path) {
+std::map<std::string, HostTensor> read_h5_datasets(const std::string& path, const DatasetSelection& select) {
   std::lock_guard lock(h5_mutex());
   silence_hdf5();
 
@@ -350,11 +373,11 @@ std::map<std::string, HostTensor> read_h5_datasets(const std::string& path) {
                "visiting the groups (corrupt or truncated file?)");
 
   std::map<std::string, HostTensor> out;
-  for (const auto& name : names) out[name] = read_dataset(file.get(), path, name, file_size);
+  for (const auto& name : names) out[name] = read_dataset(file.get(), path, name, file_size, select);
   return out;
 }
 
-std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir) {
+std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir, const DatasetSelection& select) {
   namespace fs = std::filesystem;
   const fs::path json_path = fs::path(dir) / "model.weights.json";
   const fs::path h5_path = fs::path(dir) / "model.weights.h5";
@@ -400,11 +423,12 @@ std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir)
       if (!fs::is_regular_file(shard_path, ec)) {
         fail("file ", json_path.string(), ": lists shard ", shard, " but ", shard_path.string(), " does not exist");
       }
-      for (auto& [name, tensor] : read_h5_datasets(shard_path.string())) merged.insert_or_assign(name, std::move(tensor));
+      for (auto& [name, tensor] : read_h5_datasets(shard_path.string(), select))
+        merged.insert_or_assign(name, std::move(tensor));
     }
     return merged;
   }
-  if (fs::exists(h5_path, ec)) return read_h5_datasets(h5_path.string());
+  if (fs::exists(h5_path, ec)) return read_h5_datasets(h5_path.string(), select);
   fail("directory ", dir, ": has neither model.weights.h5 nor model.weights.json");
 }
 

@@ -4,7 +4,9 @@
 // Large presets are sharded: `model.weights.json` = {"metadata":{"total_size":N},
 // "weight_map":{"/layers/.../vars": "model_00000.weights.h5" | [files]}}.
 #pragma once
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,11 +20,17 @@ namespace meshtune {
 // BF16 (any 2-byte opaque is bf16); integer ones as I32/I64; scalars have shape {}. Throws Error
 // naming the file (and dataset) for a missing, truncated or corrupt file, external/virtual
 // datasets, unsupported types, and "shape bombs" (declared size far beyond the file size).
-std::map<std::string, HostTensor> read_h5_datasets(const std::string& path);
+// With `select`, a dataset for which it returns a box is read only there (an HDF5 hyperslab: the
+// tensor gets the box's shape): sharded loading reads just this process' block of each variable.
+struct DatasetBox {
+  std::vector<int64_t> start, count;  // per dimension
+};
+using DatasetSelection = std::function<std::optional<DatasetBox>(const std::string& name, const Shape& shape)>;
+std::map<std::string, HostTensor> read_h5_datasets(const std::string& path, const DatasetSelection& select = {});
 
 // The datasets of a Keras preset directory: `model.weights.h5`, or the shards listed in
 // `model.weights.json`. Keys as read_h5_datasets.
-std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir);
+std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir, const DatasetSelection& select = {});
 
 // Writes datasets (keyed by path without leading '/') to a new .h5 file atomically (temp file,
 // fsync, rename). Intermediate groups are created. F32 -> H5T_IEEE_F32LE, BF16 -> 2-byte opaque

@@ -117,13 +117,29 @@ static WeightMatrix to_matrix(const HostTensor& t, bool keep_bf16) {
 
 static bool is_float_dtype(DType d) { return d == DType::F32 || d == DType::BF16 || d == DType::F16; }
 
-GemmaModel load_model(const ModelDir& dir, bool keep_bf16) {
-  GemmaModel model;
+GemmaConfig read_model_config(const ModelDir& dir) {
   json config = read_json_file(dir.config_path);
+  return dir.format == ModelFormat::Keras ? GemmaConfig::from_keras_json(config, dir.config_path)
+                                          : GemmaConfig::from_hf_json(config, dir.config_path);
+}
+
+GemmaModel load_model(const ModelDir& dir, bool keep_bf16, const VariableBlocks& block_of) {
+  GemmaModel model;
   const bool keras = dir.format == ModelFormat::Keras;
-  model.config = keras ? GemmaConfig::from_keras_json(config, dir.config_path)
-                       : GemmaConfig::from_hf_json(config, dir.config_path);
-  std::map<std::string, HostTensor> tensors = keras ? read_keras_weights_dir(dir.path) : read_safetensors_dir(dir.path);
+  model.config = read_model_config(dir);
+  // Sharded loading: the boxes of the variables this process holds only a block of.
+  std::map<std::string, DatasetBox> boxes;
+  if (keras && block_of)
+    for (const VariableSpec& spec : gemma_variables(model.config))
+      if (std::optional<DatasetBox> box = block_of(spec)) boxes[spec.h5_path] = *box;
+  DatasetSelection select;
+  if (!boxes.empty())
+    select = [&boxes](const std::string& name, const Shape& shape) -> std::optional<DatasetBox> {
+      auto it = boxes.find(name);
+      if (it == boxes.end() || it->second.count.size() != shape.size()) return std::nullopt;  // shape errors below
+      return it->second;
+    };
+  std::map<std::string, HostTensor> tensors = keras ? read_keras_weights_dir(dir.path, select) : read_safetensors_dir(dir.path);
   const std::string weights_file =
       keras ? (fs::path(dir.path) / (fs::exists(fs::path(dir.path) / "model.weights.json") ? "model.weights.json" : "model.weights.h5")).string()
             : (fs::path(dir.path) / (fs::exists(fs::path(dir.path) / "model.safetensors.index.json") ? "model.safetensors.index.json" : "model.safetensors")).string();
@@ -147,7 +163,10 @@ GemmaModel load_model(const ModelDir& dir, bool keep_bf16) {
     auto it = tensors.find(name);
     check(it != tensors.end(), weights_file, ": missing tensor ", name, " (", spec.keras_path, ")");
     HostTensor t = it->second;
-    const Shape& expected = keras ? spec.keras_shape : spec.hf_shape;
+    const auto box = boxes.find(name);
+    const Shape& expected = box != boxes.end() ? Shape(box->second.count.begin(), box->second.count.end())
+                            : keras          ? spec.keras_shape
+                                             : spec.hf_shape;
     check(is_float_dtype(t.dtype), weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype),
           ", expected a floating-point type");
     check(t.shape == expected, weights_file, ": tensor ", name, " has shape ", shape_str(t.shape), ", but ",

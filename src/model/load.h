@@ -5,6 +5,7 @@
 #pragma once
 #include <string>
 
+#include "io/keras_h5.h"
 #include "model/gemma.h"
 
 namespace meshtune {
@@ -31,6 +32,15 @@ ModelDir inspect_model_dir(const std::string& dir);
 // kernels); otherwise everything is widened to fp32 at load. fp32 safetensors are memory-mapped
 // and used in place. Every tensor's presence, dtype and shape are checked against the config;
 // errors name the file and the tensor.
-GemmaModel load_model(const ModelDir& dir, bool keep_bf16 = true);
+//
+// Sharded loading: for a Keras preset, `block_of` may name a box (in the variable's Keras
+// dimensions) for variables of which this process needs only a block; just that box is read from
+// the file (HDF5 hyperslab), and the variable then holds only its block (in our layout) — which
+// ShardedModel recognises by its size. Safetensors are memory-mapped, so they need no boxes: a
+// process only touches the pages of the rows it uses.
+using VariableBlocks = std::function<std::optional<DatasetBox>(const VariableSpec& spec)>;
+GemmaModel load_model(const ModelDir& dir, bool keep_bf16 = true, const VariableBlocks& block_of = {});
+// The config alone (to plan a layout before loading).
+GemmaConfig read_model_config(const ModelDir& dir);
 
 }  // namespace meshtune
