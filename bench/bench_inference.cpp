@@ -27,6 +27,7 @@
 
 #include "core/error.h"
 #include "machine_limits.h"
+#include "run_stats.h"
 #include "model/gemma.h"
 #include "model/init.h"
 #include "model/load.h"
@@ -34,7 +35,7 @@
 
 namespace fs = std::filesystem;
 using namespace meshtune;
-using Clock = std::chrono::steady_clock;
+using namespace meshtune::bench;
 
 namespace {
 
@@ -84,57 +85,9 @@ Options parse_args(int argc, char** argv) {
 
 // Gemma 2B: vocab 256000, hidden 2048, 8 query heads sharing 1 KV head of dim 256, FFN 16384.
 GemmaConfig gemma_2b_config(int layers) {
-  GemmaConfig c;
-  c.family = 1;
-  c.vocab_size = 256000;
-  c.hidden_dim = 2048;
+  GemmaConfig c = named_config("gemma-2b", 256000);
   c.num_layers = layers;
-  c.num_query_heads = 8;
-  c.num_key_value_heads = 1;
-  c.head_dim = 256;
-  c.ffw_dim = 16384;
-  c.query_scale_dim = 256;
-  c.validate("gemma-2b bench config");
   return c;
-}
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// CPU time used by every process (from /proc/stat, in clock ticks) and by this one (getrusage):
-// their difference over a measured stretch is what other processes took from us. The machine may
-// be shared; a busy neighbour halves both the bandwidth and the GEMM rate, so the JSON reports it.
-struct CpuTimes {
-  double all_busy_s = 0, self_s = 0;
-  Clock::time_point at = Clock::now();
-};
-CpuTimes cpu_times() {
-  CpuTimes t;
-  std::ifstream stat("/proc/stat");
-  std::string cpu;
-  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-  stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
-  t.all_busy_s = (user + nice + system + irq + softirq + steal) / double(sysconf(_SC_CLK_TCK));
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  t.self_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-  return t;
-}
-// Average number of CPUs kept busy by other processes between a and b.
-double foreign_cpus(const CpuTimes& a, const CpuTimes& b) {
-  const double wall = std::chrono::duration<double>(b.at - a.at).count();
-  return std::max(0.0, ((b.all_busy_s - a.all_busy_s) - (b.self_s - a.self_s)) / wall);
-}
-
-double peak_rss_gib() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return double(ru.ru_maxrss) * 1024.0 / double(1 << 30);  // ru_maxrss is in KiB on Linux
 }
 
 // Creates the checkpoint in a forked child (before this process starts any OpenMP threads), so

@@ -30,6 +30,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "io/safetensors.h"
+#include "run_stats.h"
 #include "model/backward.h"
 #include "model/gemma.h"
 #include "model/init.h"
@@ -37,7 +38,7 @@
 #include "train/trainer.h"
 
 using namespace meshtune;
-using Clock = std::chrono::steady_clock;
+using namespace meshtune::bench;
 
 namespace {
 
@@ -102,56 +103,11 @@ GemmaConfig bench_config(const Options& o) {
     c = named_config("tiny", 1000);  // vocab 1000, D 64, 4 heads / 1 KV head of 16, FFN 128, family 1
     if (o.layers > 0) c.num_layers = o.layers;
   } else {
-    c.family = 1;  // Gemma 2B
-    c.vocab_size = 256000;
-    c.hidden_dim = 2048;
-    c.num_layers = o.layers > 0 ? o.layers : 18;
-    c.num_query_heads = 8;
-    c.num_key_value_heads = 1;
-    c.head_dim = 256;
-    c.ffw_dim = 16384;
-    c.query_scale_dim = 256;
+    c = named_config("gemma-2b", 256000);
+    if (o.layers > 0) c.num_layers = o.layers;
   }
   c.validate("bench_train config");
   return c;
-}
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double peak_rss_gib() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return double(ru.ru_maxrss) * 1024.0 / double(1 << 30);  // ru_maxrss is in KiB on Linux
-}
-
-// Busy CPU seconds of the whole machine (/proc/stat) and of this process: the difference over a
-// stretch is what other processes took (the machine may be shared; reported as foreign_cpus).
-struct CpuTimes {
-  double all_busy_s = 0, self_s = 0;
-  Clock::time_point at = Clock::now();
-};
-CpuTimes cpu_times() {
-  CpuTimes t;
-  std::ifstream stat("/proc/stat");
-  std::string cpu;
-  double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-  stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
-  t.all_busy_s = (user + nice + system + irq + softirq + steal) / double(sysconf(_SC_CLK_TCK));
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  t.self_s = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
-  return t;
-}
-double foreign_cpus(const CpuTimes& a, const CpuTimes& b) {
-  const double wall = std::chrono::duration<double>(b.at - a.at).count();
-  return std::max(0.0, ((b.all_busy_s - a.all_busy_s) - (b.self_s - a.self_s)) / wall);
 }
 
 // FLOPs of one LoRA training step (2 per multiply-add), counted from the model's shapes — the same

@@ -111,8 +111,7 @@ Runner add_finetune_command(CLI::App& app) {
     // Pre-tokenized data needs no tokenizer (unless samples are asked for).
     const bool pretokenized = o->data.rfind("npy:", 0) == 0 ||
                               (o->data.size() > 4 && o->data.compare(o->data.size() - 4, 4, ".npy") == 0);
-    // Under a mesh, LoRA reads only this process' blocks of the frozen weights the layout splits
-    // (full fine-tuning reads them whole: its working copies start from the whole weights).
+    // Under a mesh each process reads only its blocks of the weights the layout splits.
     std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
     Distribution distribution;
     if (mesh)
@@ -120,7 +119,7 @@ Runner add_finetune_command(CLI::App& app) {
           mesh.get(), read_model_config(inspect_model_dir(resolve_model_path(o->model.model, o->model.models_dir))));
     LoadedModel loaded =
         load_model_and_tokenizer(o->model, !pretokenized || !o->sample_prompts.empty() || !o->validation_data.empty(),
-                                 mesh && !o->full ? sharded_blocks(distribution.layout, *mesh) : VariableBlocks{});
+                                 mesh ? sharded_blocks(distribution.layout, *mesh) : VariableBlocks{});
     const GemmaConfig config = loaded.model.config;
 
     Dataset dataset = load_dataset(o->data, o->text_field);

@@ -19,9 +19,7 @@ void set_variable(GemmaModel& m, const VariableSpec& spec, std::vector<float> va
   }
 }
 
-// This process' block of a variable, reading only the rows the block covers: a memory-mapped
-// checkpoint is only touched where this process' bytes are.
-static std::vector<float> block_of(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
+std::vector<float> read_block(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
   const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
   if (!w) return take_block(m.vector(spec.slot, spec.layer)->data(), s);
   std::vector<float> block(static_cast<size_t>(s.local_size())), row(static_cast<size_t>(w->cols));
@@ -55,7 +53,7 @@ ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh
     WeightMatrix values = loaded_as_block && w && w->dtype == DType::F32
                               ? *w  // shares the loader's buffer: no second copy of a large block
                               : WeightMatrix::from_f32(1, stored, loaded_as_block ? variable_values(model_, spec)
-                                                                                  : block_of(model_, spec, shard));
+                                                                                  : read_block(model_, spec, shard));
     blocks_.push_back({spec, shard, std::move(values)});
     set_variable(model_, spec, {});  // keep only the block
   }

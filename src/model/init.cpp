@@ -35,8 +35,16 @@ GemmaConfig named_config(const std::string& name, int vocab_size) {
     c.use_sliding_window_attention = true;
     c.sliding_window_size = 8;
     c.rope_global_base = 1e6f;
+  } else if (name == "gemma-2b") {  // the benchmarks' shape: Gemma 2B (use vocab_size 256000)
+    c.family = 1;
+    c.num_layers = 18;
+    c.hidden_dim = 2048;
+    c.num_query_heads = 8;
+    c.head_dim = 256;
+    c.ffw_dim = 16384;
+    c.query_scale_dim = 256;
   } else {
-    fail("unknown config '", name, "' (expected tiny, tiny-gemma2 or tiny-gemma3)");
+    fail("unknown config '", name, "' (expected tiny, tiny-gemma2, tiny-gemma3 or gemma-2b)");
   }
   c.validate("config " + name);
   return c;

@@ -68,16 +68,20 @@ Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOpti
       params_.push_back({path + "/lora_kernel_b", "lora_kernel_b", ad.b_shape, ad.b.data(), ad.grad_b.data(), ad.b.size()});
     }
   } else {
+    // Writable fp32 working copies (full fine-tuning updates in place). Under a mesh
+    // place_variables() makes them: only this process' part, read from the stored weights.
     const auto specs = gemma_variables(c);
-    for (const VariableSpec& spec : specs)  // writable fp32 copies: full fine-tuning updates in place
-      if (WeightMatrix* w = model_.matrix(spec.slot, spec.layer)) *w = WeightMatrix::from_f32(w->rows, w->cols, w->to_f32());
     grad_storage_.resize(specs.size());
     for (size_t i = 0; i < specs.size(); ++i) {
+      if (!dist_.mesh) set_variable(model_, specs[i], variable_values(model_, specs[i]));
+      params_.push_back({specs[i].keras_path, short_name(specs[i].keras_path), specs[i].hf_shape, nullptr, nullptr,
+                         size_t(num_elements(specs[i].hf_shape))});
+      if (dist_.mesh) continue;
       SlotRef ref = slot_ref(model_, grads_, specs[i]);
       grad_storage_[i].assign(ref.size, 0.f);
       *ref.grad = grad_storage_[i].data();
-      params_.push_back({specs[i].keras_path, short_name(specs[i].keras_path), specs[i].hf_shape, ref.value,
-                         grad_storage_[i].data(), ref.size});
+      params_.back().value = ref.value;
+      params_.back().grad = grad_storage_[i].data();
     }
   }
   place_variables();
@@ -128,7 +132,8 @@ void Trainer::place_variables() {
       }
     }
   } else {
-    // Full fine-tuning: every variable's block (the optimizer's) and working copy (its compute region).
+    // Full fine-tuning: every variable's block (the optimizer's) and fp32 working copy (its compute
+    // region), read from the stored weights — or from the block sharded loading left there.
     const auto specs = gemma_variables(config_);
     for (size_t i = 0; i < specs.size(); ++i) {
       const VariableSpec& spec = specs[i];
@@ -137,16 +142,20 @@ void Trainer::place_variables() {
                                 dist_.layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
       t.region = plan_.compute_region(spec);
       t.partial = plan_.gradient_is_partial(spec);
-      if (t.separate()) t.block = take_block(t.value, t.shard);
-      if (!same_region(t.region, whole_shard_spec(spec.kind, false, spec.keras_shape))) {
-        set_variable(model_, spec, t.region, take_block(t.value, t.region));  // keep only the part computed here
-        SlotRef ref = slot_ref(model_, grads_, spec);
-        grad_storage_[i].assign(ref.size, 0.f);
-        *ref.grad = grad_storage_[i].data();
-        t.value = ref.value;
-        t.grad = grad_storage_[i].data();
-        t.size = ref.size;
-      }
+      const WeightMatrix* w = model_.matrix(spec.slot, spec.layer);
+      const int64_t stored = w ? w->rows * w->cols : int64_t(model_.vector(spec.slot, spec.layer)->size());
+      const bool loaded_as_block = stored == t.shard.local_size() && stored < t.shard.full_size();
+      const std::vector<float> block = loaded_as_block ? variable_values(model_, spec) : read_block(model_, spec, t.shard);
+      std::vector<float> working = loaded_as_block ? gather_region(block.data(), t.shard, t.region, mesh)
+                                                   : read_block(model_, spec, t.region);
+      if (t.separate()) t.block = block;
+      set_variable(model_, spec, t.region, std::move(working));
+      SlotRef ref = slot_ref(model_, grads_, spec);
+      grad_storage_[i].assign(ref.size, 0.f);
+      *ref.grad = grad_storage_[i].data();
+      t.value = ref.value;
+      t.grad = grad_storage_[i].data();
+      t.size = ref.size;
     }
     model_.config = plan_.local_config(config_);
     if (plan_.active()) {
