@@ -2,7 +2,8 @@
 # LoRA fine-tuning of the tiny Gemma 2 model on one process against two MPI ranks: tokens/s and the
 # time per step spent in collectives, for
 #   1 rank  × 2 threads (no mesh)
-#   2 ranks × 1 thread  --mesh 1x2 --layout auto   (model axis 2: KerasHub's layout map, split weights)
+#   2 ranks × 1 thread  --mesh 1x2 --layout auto   (model axis 2: KerasHub's layout map, tensor parallel)
+#   2 ranks × 1 thread  --mesh 1x2 --layout auto --no-tensor-parallel   (the same, all-gather plan)
 #   2 ranks × 1 thread  --mesh 2x1 --layout auto   (batch axis 2 + the layout map's splits over it)
 #   2 ranks × 1 thread  --mesh 2x1                 (DataParallel: replicated weights, gradient sums)
 # Each configuration runs RUNS times (default 3); the table shows medians. Per run, from finetune's
@@ -31,32 +32,8 @@ epochs=$(( (steps * batch + 59) / 60 ))
 common=(finetune "$model" --data sample --seq-len "$seq_len" --batch-size "$batch" --steps "$steps"
         --epochs "$epochs" --lora-rank 4 --no-progress --no-shuffle)
 
-# Busy CPUs (all processes) over one second, from /proc/stat.
-busy_cpus() {
-  local a b
-  a=($(head -n 1 /proc/stat))
-  sleep 1
-  b=($(head -n 1 /proc/stat))
-  echo $(( (b[1] + b[2] + b[3] + b[6] + b[7] + b[8]) - (a[1] + a[2] + a[3] + a[6] + a[7] + a[8]) ))
-}
-
-# Waits (up to 20 min) while an inference benchmark (bench_inference, ./bw) runs, then (up to
-# 5 min) until other processes keep less than half a CPU busy: every number here assumes that
-# this run has both cores to itself. Runs anyway after that; the JSON's foreign_cpus tells.
-wait_for_quiet() {
-  local waited=0
-  while pgrep -f "bench_inference|/bw " > /dev/null && [ "$waited" -lt 1200 ]; do
-    [ "$waited" -eq 0 ] && echo "run_distributed: waiting for a running inference benchmark to finish" >&2
-    sleep 30
-    waited=$((waited + 30))
-  done
-  waited=0
-  while [ "$(busy_cpus)" -gt $(( $(getconf CLK_TCK) / 2 )) ] && [ "$waited" -lt 300 ]; do
-    [ "$waited" -eq 0 ] && echo "run_distributed: waiting for the machine to become idle" >&2
-    sleep 4
-    waited=$((waited + 5))
-  done
-}
+BENCH_NAME=run_distributed
+. bench/wait_for_quiet.sh
 
 # Busy clock ticks of the whole machine so far, and CPU seconds of this shell's finished children.
 # (`times` must run in this shell, not in a $(…) subshell, to see this shell's children.)
@@ -90,6 +67,8 @@ mpi=(mpirun --allow-run-as-root --oversubscribe -np 2 ./build/meshtune --threads
 for ((r = 0; r < runs; r++)); do
   measure "1 rank x 2 threads" ./build/meshtune --threads 2 "${common[@]}"
   measure "2 ranks x 1 thread, mesh 1x2, layout auto" "${mpi[@]}" "${common[@]}" --mesh 1x2 --layout auto
+  measure "2 ranks x 1 thread, mesh 1x2, layout auto, all-gather" "${mpi[@]}" "${common[@]}" --mesh 1x2 --layout auto \
+    --no-tensor-parallel
   measure "2 ranks x 1 thread, mesh 2x1, layout auto" "${mpi[@]}" "${common[@]}" --mesh 2x1 --layout auto
   measure "2 ranks x 1 thread, mesh 2x1 (DataParallel)" "${mpi[@]}" "${common[@]}" --mesh 2x1
 done

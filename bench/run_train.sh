@@ -26,32 +26,8 @@ python=/usr/bin/python3  # Debian's interpreter, which has python3-torch
 mkdir -p "$(dirname "$out")"
 [ "${BENCH_APPEND:-0}" = 1 ] || : > "$out"  # BENCH_APPEND=1: add to earlier runs' lines
 
-# Busy CPUs (all processes) over one second, from /proc/stat.
-busy_cpus() {
-  local a b
-  a=($(head -n 1 /proc/stat))
-  sleep 1
-  b=($(head -n 1 /proc/stat))
-  echo $(( (b[1] + b[2] + b[3] + b[6] + b[7] + b[8]) - (a[1] + a[2] + a[3] + a[6] + a[7] + a[8]) ))
-}
-
-# Waits (up to 20 min) while an inference benchmark (bench_inference, ./bw) runs, then (up to
-# 5 min) until other processes keep less than half a CPU busy: every number here assumes that
-# this run has both cores to itself. Runs anyway after that; the JSON's foreign_cpus tells.
-wait_for_quiet() {
-  local waited=0
-  while pgrep -f "bench_inference|/bw " > /dev/null && [ "$waited" -lt 1200 ]; do
-    [ "$waited" -eq 0 ] && echo "run_train: waiting for a running inference benchmark to finish" >&2
-    sleep 30
-    waited=$((waited + 30))
-  done
-  waited=0
-  while [ "$(busy_cpus)" -gt $(( $(getconf CLK_TCK) / 2 )) ] && [ "$waited" -lt 300 ]; do
-    [ "$waited" -eq 0 ] && echo "run_train: waiting for the machine to become idle" >&2
-    sleep 4
-    waited=$((waited + 5))
-  done
-}
+BENCH_NAME=run_train
+. bench/wait_for_quiet.sh
 
 # run IMPL TIMEOUT CMD...: appends the program's JSON line to $out, or a line saying why there is none.
 run() {
