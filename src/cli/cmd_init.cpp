@@ -21,11 +21,15 @@ Runner add_init_command(CLI::App& app) {
     uint64_t seed = 0;
     int vocab_size = 512;
     int sequence_length = 64;
+    int layers = 0;
   };
   auto o = std::make_shared<Options>();
   cmd->add_option("out", o->out, "Directory to write")->required();
-  cmd->add_option("--config", o->config, "tiny (Gemma 1), tiny-gemma2 or tiny-gemma3")
-      ->check(CLI::IsMember({"tiny", "tiny-gemma2", "tiny-gemma3"}));
+  cmd->add_option("--config", o->config,
+                  "tiny (Gemma 1), tiny-gemma2, tiny-gemma3, or gemma-2b (Gemma 2B's shape and 256000-row "
+                  "embedding, for benchmarks; the tokenizer still has --vocab-size pieces)")
+      ->check(CLI::IsMember({"tiny", "tiny-gemma2", "tiny-gemma3", "gemma-2b"}));
+  cmd->add_option("--layers", o->layers, "Number of decoder blocks (default: the config's)")->check(CLI::PositiveNumber);
   cmd->add_option("--format", o->format, "keras (preset directory, default) or hf (safetensors checkpoint)")
       ->check(CLI::IsMember({"keras", "hf"}));
   cmd->add_option("--seed", o->seed, "Seed for the random weights (default 0)");
@@ -37,7 +41,9 @@ Runner add_init_command(CLI::App& app) {
     const std::string tokenizer_path = (fs::path(o->out) / "tokenizer.tmp.spm").string();
     train_tokenizer(sample_reviews(), o->vocab_size, tokenizer_path);
     Tokenizer tokenizer(tokenizer_path);
-    GemmaModel model = random_model(named_config(o->config, tokenizer.vocab_size()), o->seed);
+    GemmaConfig config = named_config(o->config, o->config == "gemma-2b" ? 256000 : tokenizer.vocab_size());
+    if (o->layers > 0) config.num_layers = o->layers;
+    GemmaModel model = random_model(config, o->seed);
     if (o->format == "keras") save_keras_preset(model, tokenizer_path, o->sequence_length, o->out);
     else save_hf_checkpoint(model, tokenizer_path, o->out);
     fs::remove(tokenizer_path);
