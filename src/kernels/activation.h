@@ -6,11 +6,6 @@
 namespace meshtune {
 
 // gelu_tanh(u) = 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³)))  (Keras gelu(approximate=True)).
-inline float gelu_tanh(float u) {
-  const float k = 0.7978845608028654f;  // √(2/π)
-  return 0.5f * u * (1.f + std::tanh(k * (u + 0.044715f * u * u * u)));
-}
-
 // GeGLU: gate[i] = gelu_tanh(gate[i]) · up[i], in place on gate, n elements.
 void geglu(float* gate, const float* up, int64_t n);
 

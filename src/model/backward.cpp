@@ -15,23 +15,30 @@ namespace meshtune {
 // ∂L/∂(block output) [M, D]; on exit ∂L/∂(block input). Weight gradients are added into g.
 static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWeights& w, int layer,
                                    const BlockActivations& a, int64_t B, int64_t T, const uint8_t* key_valid,
-                                   const LayerGradients& g, std::vector<float>& dx) {
+                                   const LayerGradients& g, std::vector<float>& dx, TrainingWorkspace& ws) {
   const GemmaConfig& c = model.config;
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
                 F = c.ffw_dim;
   const float eps = c.layer_norm_epsilon;
-  auto zeros = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.f); };
+  // Workspace buffers: each is overwritten by the kernel that produces it (none accumulates into
+  // stale values), so they are sized but not cleared.
+  auto sized = [](std::vector<float>& v, int64_t n) -> std::vector<float>& {
+    v.resize(static_cast<size_t>(n));
+    return v;
+  };
 
   // --- feed-forward branch: out = mid + post_ffw_norm(ffw_linear(gelu(gate)·up)) ---
-  std::vector<float> d_branch = dx;
+  std::vector<float>& d_branch = ws.d_branch;
+  d_branch.assign(dx.begin(), dx.end());
   if (c.use_post_ffw_norm)
     rmsnorm_backward(a.ffw_projected.data(), w.post_ffw_norm.data(), M, D, eps, d_branch.data(), d_branch.data(),
                      g.post_ffw_norm);
-  std::vector<float> d_activated = zeros(M * F), d_gate = zeros(M * F), d_up = zeros(M * F);
+  std::vector<float>&d_activated = sized(ws.d_activated, M * F), &d_gate = sized(ws.d_gate, M * F),
+                     &d_up = sized(ws.d_up, M * F);
   linear_backward_input(d_branch.data(), M, w.ffw_linear, d_activated.data());
   if (g.ffw_linear) linear_backward_weight(d_branch.data(), a.activated.data(), M, D, F, g.ffw_linear);
   geglu_backward(a.gate.data(), a.up.data(), d_activated.data(), M * F, d_gate.data(), d_up.data());
-  std::vector<float> d_normed = zeros(M * D);
+  std::vector<float>& d_normed = sized(ws.d_normed, M * D);
   linear_backward_input(d_gate.data(), M, w.ffw_gating, d_normed.data());
   linear_backward_input(d_up.data(), M, w.ffw_gating_2, d_normed.data(), /*accumulate=*/true);
   if (g.ffw_gating) linear_backward_weight(d_gate.data(), a.ffw_normed.data(), M, F, D, g.ffw_gating);
@@ -41,14 +48,14 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
   for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂mid
 
   // --- attention branch: mid = input + post_attention_norm(attention_output(attention(q, k, v))) ---
-  d_branch = dx;
+  d_branch.assign(dx.begin(), dx.end());
   if (c.use_post_attention_norm)
     rmsnorm_backward(a.attn_projected.data(), w.post_attention_norm.data(), M, D, eps, d_branch.data(),
                      d_branch.data(), g.post_attention_norm);
-  std::vector<float> d_attended = zeros(M * N * H);
+  std::vector<float>& d_attended = sized(ws.d_attended, M * N * H);
   linear_backward_input(d_branch.data(), M, w.attention_output, d_attended.data());
   if (g.attention_output) linear_backward_weight(d_branch.data(), a.attended.data(), M, D, N * H, g.attention_output);
-  std::vector<float> dq = zeros(M * N * H), dk = zeros(M * K * H), dv = zeros(M * K * H);
+  std::vector<float>&dq = sized(ws.dq, M * N * H), &dk = sized(ws.dk, M * K * H), &dv = sized(ws.dv, M * K * H);
   attention_backward(a.q.data(), a.k.data(), a.v.data(), key_valid, attention_shape(c, layer, B, T, 0, T),
                      d_attended.data(), dq.data(), dk.data(), dv.data());
   const float scale = c.query_scale();
@@ -61,8 +68,7 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
     rmsnorm_backward(a.q_raw.data(), w.query_norm.data(), M * N, H, eps, dq.data(), dq.data(), g.query_norm);
     rmsnorm_backward(a.k_raw.data(), w.key_norm.data(), M * K, H, eps, dk.data(), dk.data(), g.key_norm);
   }
-  std::fill(d_normed.begin(), d_normed.end(), 0.f);
-  linear_backward_input(dq.data(), M, w.query, d_normed.data());
+  linear_backward_input(dq.data(), M, w.query, d_normed.data());  // overwrites
   linear_backward_input(dk.data(), M, w.key, d_normed.data(), true);
   linear_backward_input(dv.data(), M, w.value, d_normed.data(), true);
   if (g.query) linear_backward_weight(dq.data(), a.attn_normed.data(), M, N * H, D, g.query);
@@ -98,7 +104,9 @@ float*& ModelGradients::of(Slot slot, int layer) {
 }
 
 LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, double loss_scale,
-                          const ModelGradients* grads) {
+                          const ModelGradients* grads, TrainingWorkspace* workspace) {
+  TrainingWorkspace local;
+  TrainingWorkspace& ws = workspace ? *workspace : local;
   const GemmaConfig& c = model.config;
   const int64_t B = batch.batch, T = batch.length, M = B * T, D = c.hidden_dim, V = c.vocab_size;
   check(B > 0 && T > 0, "empty training batch");
@@ -110,7 +118,7 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   KVCache cache(c, B, T);
   std::copy(batch.padding_mask, batch.padding_mask + M, cache.key_valid.begin());
   ForwardTrace trace;
-  std::vector<BlockActivations> saved;
+  std::vector<BlockActivations>& saved = ws.blocks;
   std::vector<float> hidden = backbone_forward(model, batch.token_ids, B, T, 0, cache, &trace, grads ? &saved : nullptr);
 
   // Loss over the rows that carry weight, a chunk at a time (the logits of a chunk only). With the
@@ -124,8 +132,9 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   // Rows per chunk: up to 256, with at most 64 Mi logits (256 MiB) at a time.
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 26) / part));
   std::vector<float> d_hidden(static_cast<size_t>(grads ? M * D : 0), 0.f);
-  std::vector<float> h_chunk(static_cast<size_t>(chunk * D)), logits(static_cast<size_t>(chunk * part)),
-      d_h_chunk(static_cast<size_t>(chunk * D));
+  std::vector<float> h_chunk(static_cast<size_t>(chunk * D)), d_h_chunk(static_cast<size_t>(chunk * D));
+  std::vector<float>& logits = ws.logits;  // overwritten chunk by chunk
+  logits.resize(static_cast<size_t>(chunk * part));
   const float cap = c.final_logit_soft_cap;
   LossSums sums;
   for (size_t r0 = 0; r0 < rows.size(); r0 += size_t(chunk)) {
@@ -205,7 +214,7 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
                    grads->final_norm);
   for (int layer = c.num_layers - 1; layer >= 0; --layer)
     decoder_block_backward(model, model.layer_weights(layer), layer, saved[size_t(layer)], B, T, batch.padding_mask,
-                           grads->layers[size_t(layer)], dx);
+                           grads->layers[size_t(layer)], dx, ws);
   if (grads->embeddings) {
     const float embedding_scale = float(std::sqrt(double(D)));
     for (int64_t m = 0; m < M; ++m) {

@@ -38,9 +38,18 @@ struct LossSums {
   double weighted_ce = 0, weighted_correct = 0, weight = 0;
 };
 
+// Buffers one training step needs — every block's activations and backward's temporaries — kept
+// from step to step so that steps of the same shape allocate (and page-fault, and zero) nothing.
+struct TrainingWorkspace {
+  std::vector<BlockActivations> blocks;
+  std::vector<float> d_branch, d_activated, d_gate, d_up, d_normed, d_attended, dq, dk, dv;
+  std::vector<float> logits;  // one chunk of rows' logits (up to 256 MiB)
+};
+
 // Forward (and, with `grads`, backward) of the loss scaled by `loss_scale` — Keras uses
-// 1/(B·T). Gradients are accumulated into `grads`. Returns the unscaled sums.
+// 1/(B·T). Gradients are accumulated into `grads`. Returns the unscaled sums. `workspace`
+// (optional) keeps the buffers for the next call.
 LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, double loss_scale,
-                          const ModelGradients* grads);
+                          const ModelGradients* grads, TrainingWorkspace* workspace = nullptr);
 
 }  // namespace meshtune

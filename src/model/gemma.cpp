@@ -94,7 +94,8 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
                 F = c.ffw_dim, S = cache.capacity;
   const float eps = c.layer_norm_epsilon;
-  auto buffer = [](std::vector<float>& v, int64_t n) { v.assign(static_cast<size_t>(n), 0.f); };
+  // Every buffer is overwritten by its producer, so a reused one keeps its memory and is not cleared.
+  auto buffer = [](std::vector<float>& v, int64_t n) { v.resize(static_cast<size_t>(n)); };
   a.input.assign(x, x + M * D);
 
   // --- attention ---
@@ -178,7 +179,7 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
   for (float& value : x) value *= embedding_scale;
   if (trace) trace->embedding_scaled = x;
 
-  if (saved) saved->assign(static_cast<size_t>(c.num_layers), BlockActivations{});
+  if (saved) saved->resize(static_cast<size_t>(c.num_layers));  // reuses the buffers of a previous step
   BlockActivations scratch;
   for (int layer = 0; layer < c.num_layers; ++layer) {
     BlockActivations& a = saved ? (*saved)[size_t(layer)] : scratch;

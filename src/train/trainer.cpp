@@ -290,14 +290,14 @@ void Trainer::accumulate_gradients(const Batch& global_batch, double loss_scale,
   TokenBatch tb{batch.batch_size, batch.seq_len, batch.token_ids.data(), batch.padding_mask.data(),
                 batch.targets.data(), batch.sample_weight.data()};
   if (!lora_) {
-    LossSums s = forward_backward(model_, tb, loss_scale, &grads_);
+    LossSums s = forward_backward(model_, tb, loss_scale, &grads_, &workspace_);
     sums.weighted_ce += s.weighted_ce;
     sums.weighted_correct += s.weighted_correct;
     sums.weight += s.weight;
     return;
   }
   for (auto& g : lora_weight_grads_) std::fill(g.begin(), g.end(), 0.f);
-  LossSums s = forward_backward(training_model(), tb, loss_scale, &grads_);
+  LossSums s = forward_backward(training_model(), tb, loss_scale, &grads_, &workspace_);
   for (size_t i = 0; i < lora_->adapters.size(); ++i) {
     const float* grad_w = lora_weight_grads_[i].data();
     std::vector<float> whole;  // tensor parallel: this process' part of ∂L/∂W_eff, zero elsewhere

@@ -119,6 +119,7 @@ class Trainer {
   std::vector<std::vector<float>> grad_storage_;  // full fine-tuning gradients, per parameter
   std::vector<std::vector<float>> lora_weight_grads_;  // LoRA: ∂L/∂W_eff per adapter
   ModelGradients grads_;
+  TrainingWorkspace workspace_;  // activations and temporaries, reused from step to step
   std::unique_ptr<AdamW> optimizer_;
   int64_t step_ = 0;                  // optimizer steps done
   double epoch_loss_sum_ = 0, epoch_examples_ = 0, epoch_correct_ = 0, epoch_weight_ = 0;
