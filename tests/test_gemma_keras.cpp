@@ -22,28 +22,6 @@ struct KerasCase {
 
 class KerasFixture : public ::testing::TestWithParam<KerasCase> {};
 
-std::vector<float> npy_floats(const std::string& path) { return to_f32(read_npy(path)); }
-
-std::vector<int32_t> npy_ints(const std::string& path) {
-  HostTensor t = read_npy(path);
-  std::vector<int32_t> out(size_t(num_elements(t.shape)));
-  for (size_t i = 0; i < out.size(); ++i)
-    out[i] = t.dtype == DType::I32 ? t.as<int32_t>()[i] : int32_t(t.as<uint8_t>()[i]);
-  return out;
-}
-
-// Max |a − b| over the valid (unpadded) token positions; arrays are [B, T, width].
-double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
-                      size_t width) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t pos = 0; pos < mask.size(); ++pos) {
-    if (!mask[pos]) continue;
-    for (size_t i = 0; i < width; ++i) worst = std::max(worst, double(std::fabs(a[pos * width + i] - b[pos * width + i])));
-  }
-  return worst;
-}
-
 TEST_P(KerasFixture, EveryRecordedArrayWithin1e4) {
   const KerasCase& c = GetParam();
   const std::string out = fixture(c.outputs) + "/";

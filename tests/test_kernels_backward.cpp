@@ -15,18 +15,12 @@
 #include "kernels/attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "test_util.h"
 
 using namespace meshtune;
+using meshtune::testing::random_vector;
 
 namespace {
-
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
-}
 
 double weighted_sum(const std::vector<float>& c, const std::vector<float>& y) {
   double L = 0;

@@ -32,14 +32,6 @@ GemmaModel tiny_model(const std::string& name = "gemma-tiny") {
 
 json lora_info() { return json::parse(read_text_file(fixture(kLoraDir + "lora_info.json"))); }
 
-std::vector<int32_t> npy_ints(const std::string& path) {
-  HostTensor t = read_npy(path);
-  std::vector<int32_t> out(size_t(num_elements(t.shape)));
-  for (size_t i = 0; i < out.size(); ++i)
-    out[i] = t.dtype == DType::I32 ? t.as<int32_t>()[i] : int32_t(t.as<uint8_t>()[i]);
-  return out;
-}
-
 struct Outputs {
   std::vector<float> hidden, logits;
   std::vector<int32_t> mask;
@@ -59,18 +51,6 @@ Outputs run_forward(const GemmaModel& model) {
   out.logits.resize(size_t(B * T * V));
   lm_head(model, out.hidden.data(), B * T, out.logits.data());
   return out;
-}
-
-double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
-                      size_t width) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t pos = 0; pos < mask.size(); ++pos) {
-    if (!mask[pos]) continue;
-    for (size_t i = 0; i < width; ++i)
-      worst = std::max(worst, double(std::fabs(a[pos * width + i] - b[pos * width + i])));
-  }
-  return worst;
 }
 
 const WeightMatrix& matrix(const GemmaModel& m, int layer, Slot slot) {

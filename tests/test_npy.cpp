@@ -21,8 +21,7 @@ using nlohmann::json;
 using testing::fixture;
 using testing::make_temp_dir;
 using testing::read_text_file;
-
-json load_json(const std::string& path) { return json::parse(read_text_file(path)); }
+using testing::load_json;
 
 Shape json_shape(const json& j) {
   Shape s;

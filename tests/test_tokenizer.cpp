@@ -19,8 +19,7 @@ using nlohmann::json;
 using testing::fixture;
 using testing::make_temp_dir;
 using testing::read_text_file;
-
-json load_json(const std::string& path) { return json::parse(read_text_file(path)); }
+using testing::load_json;
 
 const std::string kKerasModel = "keras/preset-gemma-tiny/assets/tokenizer/vocabulary.spm";
 const std::string kKeras2Model = "keras/preset-gemma2-tiny/assets/tokenizer/vocabulary.spm";

@@ -3,11 +3,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "core/npy.h"
 
 namespace meshtune::testing {
 
@@ -26,6 +31,37 @@ std::string read_text_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+nlohmann::json load_json(const std::string& path) { return nlohmann::json::parse(read_text_file(path)); }
+
+std::vector<float> npy_floats(const std::string& path) { return to_f32(read_npy(path)); }
+
+std::vector<int32_t> npy_ints(const std::string& path) {
+  HostTensor t = read_npy(path);
+  std::vector<int32_t> out(size_t(num_elements(t.shape)));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = t.dtype == DType::I32 ? t.as<int32_t>()[i] : int32_t(t.as<uint8_t>()[i]);
+  return out;
+}
+
+double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
+                      size_t width) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t pos = 0; pos < mask.size(); ++pos) {
+    if (!mask[pos]) continue;
+    for (size_t i = 0; i < width; ++i) worst = std::max(worst, double(std::fabs(a[pos * width + i] - b[pos * width + i])));
+  }
+  return worst;
+}
+
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
 }
 
 CommandResult run_meshtune(const std::string& args, const std::string& env, const std::string& launcher) {

@@ -1,6 +1,10 @@
 // Helpers shared by the tests: fixture paths, temp dirs, running the CLI.
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace meshtune::testing {
 
@@ -21,5 +25,17 @@ struct CommandResult {
 CommandResult run_meshtune(const std::string& args, const std::string& env = "", const std::string& launcher = "");
 
 std::string read_text_file(const std::string& path);
+nlohmann::json load_json(const std::string& path);
+
+// An .npy file's values: as fp32, or as int32 (int32 or uint8 files: token ids and masks).
+std::vector<float> npy_floats(const std::string& path);
+std::vector<int32_t> npy_ints(const std::string& path);
+
+// Max |a − b| over the valid (mask ≠ 0) token positions; a and b are [B, T, width].
+double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
+                      size_t width);
+
+// n values ~ N(0, scale²), reproducible from `seed`.
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.f);
 
 }  // namespace meshtune::testing
