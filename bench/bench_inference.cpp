@@ -7,6 +7,7 @@
 //
 // The checkpoint is created once per (dtype, layers) under --dir, in a child process so that
 // building it never counts towards this process's peak RSS. See bench/README.md.
+#include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <omp.h>
 #include <sys/resource.h>
@@ -49,36 +50,20 @@ struct Options {
   int repeat = 3;
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "bench_inference: " << problem << "\n"
-            << "usage: bench_inference [--dtype f32|bf16] [--layers N] [--threads N] [--prompt N] [--decode N]\n"
-            << "                       [--dir DIR] [--repeat N]\n";
-  std::exit(2);
-}
-
 Options parse_args(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") usage("measures load, prefill and decode of a Gemma-2B-shaped model");
-    if (i + 1 >= argc) usage("missing value for " + arg);
-    const std::string value = argv[++i];
-    auto number = [&](int min) {
-      char* end = nullptr;
-      long v = std::strtol(value.c_str(), &end, 10);
-      if (*end != '\0' || v < min) usage(arg + " needs an integer >= " + std::to_string(min) + ", got '" + value + "'");
-      return int(v);
-    };
-    if (arg == "--dtype") {
-      if (value != "f32" && value != "bf16") usage("--dtype must be f32 or bf16");
-      o.dtype = value;
-    } else if (arg == "--layers") o.layers = number(1);
-    else if (arg == "--threads") o.threads = number(1);
-    else if (arg == "--prompt") o.prompt = number(1);
-    else if (arg == "--decode") o.decode = number(1);
-    else if (arg == "--dir") o.dir = value;
-    else if (arg == "--repeat") o.repeat = number(1);
-    else usage("unknown option " + arg);
+  CLI::App app("bench_inference: load, prefill and decode of a Gemma-2B-shaped model; one JSON line on stdout");
+  app.add_option("--dtype", o.dtype, "Weights: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--layers", o.layers, "Decoder blocks")->check(CLI::PositiveNumber);
+  app.add_option("--threads", o.threads, "OpenMP threads")->check(CLI::PositiveNumber);
+  app.add_option("--prompt", o.prompt, "Prompt tokens (prefill)")->check(CLI::PositiveNumber);
+  app.add_option("--decode", o.decode, "Tokens decoded one at a time")->check(CLI::PositiveNumber);
+  app.add_option("--dir", o.dir, "Where the random checkpoint is created (once)");
+  app.add_option("--repeat", o.repeat, "Repeats (medians are reported)")->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
   return o;
 }

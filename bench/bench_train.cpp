@@ -11,6 +11,7 @@
 // weights 1; AdamW (lr 1e-4, weight decay 0.01, eps 1e-7). --breakdown adds per-phase timings;
 // --dump writes the weights, batch, first-step gradients and losses (small shapes) so that
 // torch_lora_step.py --check can verify it computes the same thing. See bench/README.md.
+#include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <omp.h>
 #include <sys/resource.h>
@@ -30,11 +31,11 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "io/safetensors.h"
-#include "run_stats.h"
 #include "model/backward.h"
 #include "model/gemma.h"
 #include "model/init.h"
 #include "model/lora.h"
+#include "run_stats.h"
 #include "train/trainer.h"
 
 using namespace meshtune;
@@ -56,43 +57,24 @@ struct Options {
   std::string dump;
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "bench_train: " << problem << "\n"
-            << "usage: bench_train [--shape small|2b] [--layers N] [--threads N] [--steps N] [--warmup N]\n"
-            << "                   [--batch N] [--seq-len N] [--rank N] [--lr X] [--breakdown] [--dump FILE]\n";
-  std::exit(2);
-}
-
 Options parse_args(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") usage("measures LoRA training steps of a random Gemma model");
-    if (arg == "--breakdown") {
-      o.breakdown = true;
-      continue;
-    }
-    if (i + 1 >= argc) usage("missing value for " + arg);
-    const std::string value = argv[++i];
-    auto number = [&](int min) {
-      char* end = nullptr;
-      long v = std::strtol(value.c_str(), &end, 10);
-      if (*end != '\0' || v < min) usage(arg + " needs an integer >= " + std::to_string(min) + ", got '" + value + "'");
-      return int(v);
-    };
-    if (arg == "--shape") {
-      if (value != "small" && value != "2b") usage("--shape must be small or 2b");
-      o.shape = value;
-    } else if (arg == "--layers") o.layers = number(0);  // 0 = the shape's default
-    else if (arg == "--threads") o.threads = number(1);
-    else if (arg == "--steps") o.steps = number(1);
-    else if (arg == "--warmup") o.warmup = number(0);
-    else if (arg == "--batch") o.batch = number(1);
-    else if (arg == "--seq-len") o.seq_len = number(1);
-    else if (arg == "--rank") o.rank = number(1);
-    else if (arg == "--lr") o.lr = std::atof(value.c_str());
-    else if (arg == "--dump") o.dump = value;
-    else usage("unknown option " + arg);
+  CLI::App app("bench_train: LoRA training steps of a random Gemma model; one JSON line on stdout");
+  app.add_option("--shape", o.shape, "small or 2b")->check(CLI::IsMember({"small", "2b"}));
+  app.add_option("--layers", o.layers, "Decoder blocks (0: the shape's default)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o.threads, "OpenMP threads")->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", o.batch, "Batch size")->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", o.seq_len, "Sequence length")->check(CLI::PositiveNumber);
+  app.add_option("--rank", o.rank, "LoRA rank")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "AdamW learning rate");
+  app.add_flag("--breakdown", o.breakdown, "Add per-phase timings");
+  app.add_option("--dump", o.dump, "Write weights, batch, first-step gradients and losses (small shapes)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
   }
   return o;
 }
