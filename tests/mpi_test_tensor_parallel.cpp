@@ -62,8 +62,11 @@ LayoutMap layout_for(const std::string& name, const GemmaConfig& c, int model_pa
 struct Case {
   std::string model;  // tiny, tiny-gemma2, tiny-gemma3
   bool full;
+  DType dtype = DType::F32;  // of the stored weights (bf16 blocks are kept as bf16)
 };
-void PrintTo(const Case& c, std::ostream* os) { *os << c.model << (c.full ? " full" : " lora"); }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << (c.full ? " full" : " lora") << (c.dtype == DType::BF16 ? " bf16" : "");
+}
 
 class TensorParallel : public ::testing::TestWithParam<Case> {};
 
@@ -72,7 +75,7 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
   Communicator& comm = world();
   const int n = comm.size();
   GemmaConfig config = named_config(param.model, 256);
-  const GemmaModel model = random_model(config, 7);
+  const GemmaModel model = random_model(config, 7, param.dtype);
   const Batch batch = random_batch(4, 10, config.vocab_size, 11);
   auto make_lora = [&] {
     std::optional<LoraWeights> lora;
@@ -142,12 +145,14 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
 INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
                          ::testing::Values(Case{"tiny", false}, Case{"tiny", true}, Case{"tiny-gemma2", false},
                                            Case{"tiny-gemma2", true}, Case{"tiny-gemma3", false},
-                                           Case{"tiny-gemma3", true}),
+                                           Case{"tiny-gemma3", true}, Case{"tiny-gemma2", false, DType::BF16},
+                                           Case{"tiny", true, DType::BF16}),
                          [](const auto& info) {
                            std::string name = info.param.model == "tiny"          ? "Gemma1"
                                               : info.param.model == "tiny-gemma2" ? "Gemma2"
                                                                                   : "Gemma3";
-                           return name + (info.param.full ? "Full" : "Lora");
+                           return name + (info.param.full ? "Full" : "Lora") +
+                                  (info.param.dtype == DType::BF16 ? "Bf16" : "");
                          });
 
 }  // namespace

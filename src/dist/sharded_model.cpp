@@ -1,5 +1,7 @@
 #include "dist/sharded_model.h"
 
+#include <cstring>
+
 #include "core/error.h"
 
 namespace meshtune {
@@ -40,20 +42,62 @@ std::vector<float> read_block(const GemmaModel& m, const VariableSpec& spec, con
   return block;
 }
 
+// When block `s` of matrix `w` (our 3-D view) is a run of whole rows, `view` becomes those rows of
+// `w`, sharing its storage (any dtype); returns false otherwise.
+static bool whole_rows(const WeightMatrix& w, const ShardSpec& s, WeightMatrix& view) {
+  const bool contiguous = s.local[2] == s.full[2] && (s.local[0] == 1 || s.local[1] == s.full[1]);
+  const int64_t first = (s.offset[0] * s.full[1] + s.offset[1]) * s.full[2] + s.offset[2];
+  if (!contiguous || first % w.cols != 0 || s.local_size() % w.cols != 0) return false;
+  view = w;
+  view.rows = s.local_size() / w.cols;
+  view.data = static_cast<const std::byte*>(w.data) + size_t(first) * dtype_size(w.dtype);
+  return true;
+}
+
+// Block `s` of matrix `w` copied in w's own dtype (a bf16 block stays bf16): the runs of local[2]
+// values, each inside one matrix row, one after another.
+static WeightMatrix copy_block(const WeightMatrix& w, const ShardSpec& s) {
+  const size_t element = dtype_size(w.dtype), run = size_t(s.local[2]) * element;
+  auto bytes = std::make_shared<std::vector<std::byte>>(size_t(s.local_size()) * element);
+  std::byte* out = bytes->data();
+  for (int64_t a = 0; a < s.local[0]; ++a)
+    for (int64_t b = 0; b < s.local[1]; ++b, out += run) {
+      const int64_t flat = ((a + s.offset[0]) * s.full[1] + (b + s.offset[1])) * s.full[2] + s.offset[2];
+      std::memcpy(out, static_cast<const std::byte*>(w.data) + size_t(flat) * element, run);
+    }
+  WeightMatrix block;
+  block.rows = 1;
+  block.cols = s.local_size();
+  block.dtype = w.dtype;
+  block.data = bytes->data();
+  block.owner = bytes;
+  return block;
+}
+
+// A block's values as fp32 for a collective: its own buffer when it is fp32, else a widened copy.
+static const float* f32_values(const WeightMatrix& values, std::vector<float>& widened) {
+  if (values.dtype == DType::F32) return values.f32();
+  widened = values.to_f32();
+  return widened.data();
+}
+
 ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh& mesh, const TensorParallelPlan& plan)
     : model_(std::move(model)), mesh_(&mesh), plan_(plan) {
   for (const VariableSpec& spec : gemma_variables(model_.config)) {
     ShardSpec shard = make_shard_spec(spec.kind, false, spec.keras_shape,
                                       layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
     if (!shard.split()) continue;
-    // A variable that already holds just this block was loaded that way (sharded loading).
+    // A variable that already holds just this block was loaded that way (sharded loading): keep it
+    // as it is (fp32 or bf16). A block of whole rows shares the stored rows (e.g. a memory-mapped
+    // checkpoint). Other blocks are copied in the stored dtype.
     const WeightMatrix* w = model_.matrix(spec.slot, spec.layer);
     const int64_t stored = w ? w->rows * w->cols : int64_t(model_.vector(spec.slot, spec.layer)->size());
     const bool loaded_as_block = stored == shard.local_size() && stored < shard.full_size();
-    WeightMatrix values = loaded_as_block && w && w->dtype == DType::F32
-                              ? *w  // shares the loader's buffer: no second copy of a large block
-                              : WeightMatrix::from_f32(1, stored, loaded_as_block ? variable_values(model_, spec)
-                                                                                  : read_block(model_, spec, shard));
+    WeightMatrix values;
+    if (w && loaded_as_block) values = *w;
+    else if (w && whole_rows(*w, shard, values)) {}
+    else if (w) values = copy_block(*w, shard);
+    else values = WeightMatrix::from_f32(1, shard.local_size(), take_block(variable_values(model_, spec).data(), shard));
     blocks_.push_back({spec, shard, std::move(values)});
     set_variable(model_, spec, {});  // keep only the block
   }
@@ -63,7 +107,8 @@ GemmaModel ShardedModel::materialize() const {
   GemmaModel m = model_;
   for (const Block& b : blocks_) {
     std::vector<float> full(static_cast<size_t>(b.shard.full_size()));
-    gather_full(b.values.f32(), b.shard, *mesh_, full.data());
+    std::vector<float> widened;
+    gather_full(f32_values(b.values, widened), b.shard, *mesh_, full.data());
     set_variable(m, b.spec, std::move(full));
   }
   return m;
@@ -77,11 +122,11 @@ static int64_t region_rows(const VariableSpec& spec, const ShardSpec& region) {
 
 // Stores `values` (region-sized fp32, or a non-owning view of `shared`) as variable `spec` of w/m.
 static void put_region(GemmaModel& m, DecoderLayerWeights* w, const VariableSpec& spec, const ShardSpec& region,
-                       std::vector<float> values, const float* shared = nullptr) {
+                       std::vector<float> values, const WeightMatrix* shared = nullptr) {
   WeightMatrix* matrix = w ? w->matrix(spec.slot) : m.matrix(spec.slot, spec.layer);
   if (!matrix) {
     std::vector<float>& vec = w ? *w->vector(spec.slot) : *m.vector(spec.slot, spec.layer);
-    vec = shared ? std::vector<float>(shared, shared + region.local_size()) : std::move(values);
+    vec = shared ? shared->to_f32() : std::move(values);
     return;
   }
   const int64_t rows = region_rows(spec, region), cols = region.local_size() / rows;
@@ -89,10 +134,9 @@ static void put_region(GemmaModel& m, DecoderLayerWeights* w, const VariableSpec
     *matrix = WeightMatrix::from_f32(rows, cols, std::move(values));
     return;
   }
-  WeightMatrix view;  // the ShardedModel's block itself: no copy
+  WeightMatrix view = *shared;  // the ShardedModel's block itself, in its dtype: no copy
   view.rows = rows;
   view.cols = cols;
-  view.data = shared;
   *matrix = view;
 }
 
@@ -116,24 +160,19 @@ GemmaModel ShardedModel::compute_model(bool by_layer) const {
     if (!block) {  // replicated: tensor parallelism may use a slice of it (K/V heads)
       if (same_region(region, whole_shard_spec(spec.kind, false, spec.keras_shape))) continue;
       const WeightMatrix& whole = *model_.matrix(spec.slot, spec.layer);
-      const int64_t rows = region_rows(spec, region);
-      if (region.local_size() / rows == whole.cols) {  // a run of whole rows: share them
-        WeightMatrix slice = whole;
-        const int64_t first_row = region.offset[0] * region.full[1] + region.offset[1];
-        slice.rows = rows;
-        slice.data = static_cast<const std::byte*>(whole.data) + size_t(first_row * whole.cols) * dtype_size(whole.dtype);
-        *m.matrix(spec.slot, spec.layer) = slice;
-      } else {
-        put_region(m, nullptr, spec, region, take_block(whole.to_f32().data(), region));
-      }
+      WeightMatrix rows;
+      if (whole_rows(whole, region, rows)) *m.matrix(spec.slot, spec.layer) = rows;  // shared
+      else put_region(m, nullptr, spec, region, read_block(model_, spec, region));
       continue;
     }
     if (contains(region, block->shard) && !relative(block->shard, region).split()) {
-      put_region(m, nullptr, spec, region, {}, block->values.f32());  // this process' block is its region
+      put_region(m, nullptr, spec, region, {}, &block->values);  // this process' block is its region
     } else if (by_layer && spec.layer >= 0) {
       deferred.push_back(block);
     } else {
-      put_region(m, nullptr, spec, region, gather_region(block->values.f32(), block->shard, region, *mesh_));
+      std::vector<float> widened;
+      put_region(m, nullptr, spec, region,
+                 gather_region(f32_values(block->values, widened), block->shard, region, *mesh_));
     }
   }
   if (!deferred.empty())
@@ -143,7 +182,8 @@ GemmaModel ShardedModel::compute_model(bool by_layer) const {
       for (const Block* b : deferred) {
         if (b->spec.layer != layer) continue;
         const ShardSpec region = plan_.compute_region(b->spec);
-        put_region(unused, &w, b->spec, region, gather_region(b->values.f32(), b->shard, region, *mesh_));
+        std::vector<float> widened;
+        put_region(unused, &w, b->spec, region, gather_region(f32_values(b->values, widened), b->shard, region, *mesh_));
       }
       return w;
     };

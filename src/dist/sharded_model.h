@@ -46,7 +46,7 @@ class ShardedModel {
   struct Block {
     VariableSpec spec;
     ShardSpec shard;
-    WeightMatrix values;  // fp32, shard.local_size() values (may share the loader's buffer)
+    WeightMatrix values;  // shard.local_size() values, fp32 or bf16 (may share the loader's storage)
   };
   GemmaModel model_;
   std::vector<Block> blocks_;
