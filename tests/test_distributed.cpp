@@ -185,6 +185,33 @@ TEST(DistributedMemory, EachProcessHoldsItsShareOfTheWeights) {
   EXPECT_EQ(held, 4 * (split / 2 + kept));
 }
 
+// Samples before/after training and validation under a mesh run on every process' part of the
+// model (nothing gathered whole) and give what one process gives.
+TEST(DistributedSamples, GenerateAndEvaluateDuringARunMatchOneDevice) {
+  const std::string model = fixture("keras/preset-gemma2-tiny");
+  const std::string root = make_temp_dir("dist-samples");
+  const std::string args = "--threads 1 finetune " + model + " --data sample --seq-len 12 --batch-size 4 --steps 3 "
+                           "--lr 1e-2 --no-progress --lora-rank 2 --lora-targets all --sample-prompt 'The movie' "
+                           "--sample-max-length 10 --validation-data sample --validation-take 8 --out ";
+  CommandResult one = run_meshtune(args + root + "/one");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  CommandResult many = run_job_command(args + root + "/many --mesh 1x2 --layout auto", kMpirun + "2 ");
+  ASSERT_EQ(many.exit_code, 0) << many.err;
+  auto lines = [](const std::string& text, const std::string& prefix) {
+    std::string out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind(prefix, 0) == 0) out += line + "\n";
+    return out;
+  };
+  EXPECT_FALSE(lines(one.out, "after: ").empty()) << one.out;
+  EXPECT_EQ(lines(many.out, "before: "), lines(one.out, "before: "));
+  EXPECT_EQ(lines(many.out, "after: "), lines(one.out, "after: "));
+  const json r1 = json::parse(lines(one.out, "{")), rn = json::parse(lines(many.out, "{"));
+  EXPECT_NEAR(rn["val_loss"].get<double>(), r1["val_loss"].get<double>(), 1e-5 * r1["val_loss"].get<double>());
+  EXPECT_EQ(rn["val_accuracy"].get<double>(), r1["val_accuracy"].get<double>());
+}
+
 // The error paths: a clear message, a non-zero exit of the whole job, and no hang.
 void expect_job_fails(const std::string& args, int processes, const std::vector<std::string>& needles,
                       const std::string& env = "") {

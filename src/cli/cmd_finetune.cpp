@@ -201,7 +201,7 @@ Runner add_finetune_command(CLI::App& app) {
     sample.stop_token_ids = stop_ids;
     auto print_samples = [&](const char* when) {
       if (o->sample_prompts.empty()) return;
-      GemmaModel m = trainer.current_model();
+      GemmaModel m = trainer.inference_model();
       for (const GeneratedText& r : generate_text(m, *loaded.tokenizer, o->sample_prompts, sample))
         if (main_process) std::cout << when << ": " << r.text << "\n" << std::flush;
     };

@@ -6,6 +6,7 @@
 #include "cli/mesh_options.h"
 #include "dist/sharded_model.h"
 #include "generate/generate.h"
+#include "model/lora_files.h"
 
 namespace meshtune::cli {
 
@@ -46,7 +47,10 @@ Runner add_generate_command(CLI::App& app) {
       const GemmaConfig config = read_model_config(inspect_model_dir(resolve_model_path(o->model.model, o->model.models_dir)));
       layout = o->mesh.make_layout(config, mesh->shape(), mesh->axis_names());
     }
-    LoadedModel loaded = load_model_and_tokenizer(o->model, true, mesh ? sharded_blocks(layout, *mesh) : VariableBlocks{});
+    // Under a mesh a LoRA adapter is merged after sharding, each process into its own part.
+    ModelOptions base_options = o->model;
+    if (mesh) base_options.lora.clear();
+    LoadedModel loaded = load_model_and_tokenizer(base_options, true, mesh ? sharded_blocks(layout, *mesh) : VariableBlocks{});
     std::unique_ptr<ShardedModel> sharded;
     if (mesh) {
       const GemmaConfig config = loaded.model.config;
@@ -54,6 +58,12 @@ Runner add_generate_command(CLI::App& app) {
       if (mesh->comm().rank() == 0) std::cerr << "meshtune: " << plan.summary << "\n";
       sharded = std::make_unique<ShardedModel>(std::move(loaded.model), layout, *mesh, plan);
       loaded.model = sharded->compute_model(/*by_layer=*/false);
+      if (!o->model.lora.empty()) {
+        const LoraWeights lora = load_lora_adapter(o->model.lora, config);
+        loaded.model = merge_lora_parts(loaded.model, lora, config, plan);
+        if (mesh->comm().rank() == 0)
+          std::cerr << "merged LoRA adapter " << o->model.lora << " (rank " << lora.rank << ") into each process' part\n";
+      }
     }
     const bool main_process = !mesh || mesh->comm().rank() == 0;
     GenerateOptions options;

@@ -1,6 +1,7 @@
 #include "dist/sharded_model.h"
 
 #include <cstring>
+#include <map>
 
 #include "core/error.h"
 
@@ -188,6 +189,16 @@ GemmaModel ShardedModel::compute_model(bool by_layer) const {
       return w;
     };
   return m;
+}
+
+GemmaModel merge_lora_parts(const GemmaModel& compute, const LoraWeights& lora, const GemmaConfig& whole,
+                            const TensorParallelPlan& plan) {
+  if (!plan.active()) return merge_lora(compute, lora);
+  std::map<std::pair<int, Slot>, ShardSpec> regions;  // of every adaptable variable
+  for (const VariableSpec& spec : gemma_variables(whole)) regions[{spec.layer, spec.slot}] = plan.compute_region(spec);
+  return merge_lora(compute, lora, whole, [regions](const LoraAdapter& ad, const std::vector<float>& delta) {
+    return take_block(delta.data(), regions.at({ad.layer, ad.slot}));
+  });
 }
 
 size_t ShardedModel::held_bytes() const {

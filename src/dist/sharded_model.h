@@ -10,6 +10,7 @@
 #include "dist/sharding.h"
 #include "dist/tensor_parallel.h"
 #include "model/gemma.h"
+#include "model/lora.h"
 
 namespace meshtune {
 
@@ -23,6 +24,12 @@ std::vector<float> read_block(const GemmaModel& model, const VariableSpec& spec,
 // The same for a part of the variable: `region` (in our 3-D view) says which (e.g. a tensor-parallel
 // compute region); the matrix gets the region's rows and columns.
 void set_variable(GemmaModel& model, const VariableSpec& spec, const ShardSpec& region, std::vector<float> values);
+
+// `compute` (a ShardedModel's compute model, or any model computed as `plan` says) with LoRA merged
+// in: under tensor parallelism each process adds only its part of every ΔW. `whole` is the whole
+// model's config.
+GemmaModel merge_lora_parts(const GemmaModel& compute, const LoraWeights& lora, const GemmaConfig& whole,
+                            const TensorParallelPlan& plan);
 
 class ShardedModel {
  public:

@@ -272,13 +272,13 @@ GemmaModel Trainer::training_model() {
   if (!dist_.mesh) return merge_lora(model_, *lora_);
   // The frozen base as computed here: this process' heads/FFN columns (tensor parallel) and the
   // other split variables all-gathered one block at a time as the passes reach them.
-  GemmaModel base = frozen_.compute_model(/*by_layer=*/true);
-  if (!plan_.active()) return merge_lora(base, *lora_);
-  return merge_lora(base, *lora_, config_, [this](const LoraAdapter& ad, const std::vector<float>& delta) {
-    for (const VariableSpec& target : lora_targets_)
-      if (target.layer == ad.layer && target.slot == ad.slot) return take_block(delta.data(), plan_.compute_region(target));
-    fail("LoRA adapter without a target variable");
-  });
+  return merge_lora_parts(frozen_.compute_model(/*by_layer=*/true), *lora_, config_, plan_);
+}
+
+GemmaModel Trainer::inference_model() {
+  if (!dist_.mesh) return current_model();
+  if (!lora_) return model_;  // the working copies (this process' parts under tensor parallelism)
+  return merge_lora_parts(frozen_.compute_model(/*by_layer=*/false), *lora_, config_, plan_);
 }
 
 void Trainer::zero_gradients() {
@@ -324,7 +324,7 @@ LossSums Trainer::train_step(const Batch& batch, double learning_rate) {
 }
 
 EpochMetrics Trainer::evaluate(const BatchStream& data) {
-  GemmaModel m = current_model();
+  GemmaModel m = inference_model();
   double loss_sum = 0, examples = 0, correct = 0, weight = 0;
   for (size_t s = 0; s < data.steps_per_epoch(); ++s) {
     Batch batch = data.batch(0, s);

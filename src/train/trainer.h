@@ -65,6 +65,10 @@ class Trainer {
   // The model with the current weights (LoRA merged in), for generation and export. Under a mesh
   // every process takes part (split variables are all-gathered).
   GemmaModel current_model();
+  // The current weights as this process computes with them (its tensor-parallel part, LoRA merged
+  // once), for generation and evaluation during a run: nothing is gathered whole. Every process
+  // must run the same passes on it.
+  GemmaModel inference_model();
   const std::optional<LoraWeights>& lora() const { return lora_; }
   const GemmaModel& trainable_model() const { return model_; }
   std::vector<Parameter>& parameters() { return params_; }
