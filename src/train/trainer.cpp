@@ -209,6 +209,35 @@ Batch Trainer::local_rows(const Batch& batch) const {
   return local;
 }
 
+// Sums the given arrays over `comm` with one collective per bucket of up to 16 Mi floats rather than
+// one per array (LoRA has two small arrays per adapter: latency, not bandwidth, would dominate).
+static void sum_in_buckets(Communicator& comm, const std::vector<std::pair<float*, size_t>>& arrays) {
+  constexpr size_t kBucket = size_t(1) << 24;
+  std::vector<float> bucket;
+  std::vector<std::pair<float*, size_t>> members;
+  auto flush = [&] {
+    if (bucket.empty()) return;
+    comm.all_reduce_sum(bucket.data(), bucket.size());
+    size_t o = 0;
+    for (const auto& [data, n] : members) {
+      std::copy_n(bucket.begin() + long(o), n, data);
+      o += n;
+    }
+    bucket.clear();
+    members.clear();
+  };
+  for (const auto& [data, n] : arrays) {
+    if (n >= kBucket) {  // large arrays go on their own, in place
+      comm.all_reduce_sum(data, n);
+      continue;
+    }
+    if (bucket.size() + n > kBucket) flush();
+    bucket.insert(bucket.end(), data, data + n);
+    members.push_back({data, n});
+  }
+  flush();
+}
+
 void Trainer::finish_gradients(LossSums& sums) {
   if (!dist_.mesh) return;
   const int axis = dist_.mesh->axis_index(dist_.batch_axis);
@@ -217,9 +246,17 @@ void Trainer::finish_gradients(LossSums& sums) {
     double s[3] = {sums.weighted_ce, sums.weighted_correct, sums.weight};
     comm.all_reduce_sum(s, 3);
     sums = {s[0], s[1], s[2]};
-    for (Trainable& t : trainables_) comm.all_reduce_sum(t.grad, t.size);
+    std::vector<std::pair<float*, size_t>> grads;
+    for (Trainable& t : trainables_) grads.push_back({t.grad, t.size});
+    sum_in_buckets(comm, grads);
   }
   Communicator* tensor_parallel = plan_.active() ? &dist_.mesh->axis_comm(plan_.axis) : nullptr;
+  if (tensor_parallel) {  // partial gradients of parts this process holds whole: one bucketed sum
+    std::vector<std::pair<float*, size_t>> partial;
+    for (Trainable& t : trainables_)
+      if (t.partial && contains(t.region, t.shard)) partial.push_back({t.grad, t.size});
+    sum_in_buckets(*tensor_parallel, partial);
+  }
   for (size_t i = 0; i < trainables_.size(); ++i) {
     Trainable& t = trainables_[i];
     if (tensor_parallel && !contains(t.region, t.shard)) {
@@ -229,9 +266,8 @@ void Trainer::finish_gradients(LossSums& sums) {
       place_block(t.grad, t.region, whole.data());
       tensor_parallel->all_reduce_sum(whole.data(), whole.size());
       t.block_grad = take_block(whole.data(), t.shard);
-    } else {
-      if (tensor_parallel && t.partial) tensor_parallel->all_reduce_sum(t.grad, t.size);
-      if (t.separate()) t.block_grad = take_block(t.grad, relative(t.shard, t.region));
+    } else if (t.separate()) {
+      t.block_grad = take_block(t.grad, relative(t.shard, t.region));
     }
     if (t.separate()) params_[i].grad = t.block_grad.data();  // take_block reallocated it
   }
