@@ -89,14 +89,14 @@ ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh
                                       layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
     if (!shard.split()) continue;
     // A variable that already holds just this block was loaded that way (sharded loading): keep it
-    // as it is (fp32 or bf16). A block of whole rows shares the stored rows (e.g. a memory-mapped
-    // checkpoint). Other blocks are copied in the stored dtype.
+    // as it is (fp32 or bf16). A block of whole rows of a memory-mapped checkpoint is a view of the
+    // file; other blocks are copied in the stored dtype (so the whole buffer can be freed).
     const WeightMatrix* w = model_.matrix(spec.slot, spec.layer);
     const int64_t stored = w ? w->rows * w->cols : int64_t(model_.vector(spec.slot, spec.layer)->size());
     const bool loaded_as_block = stored == shard.local_size() && stored < shard.full_size();
     WeightMatrix values;
     if (w && loaded_as_block) values = *w;
-    else if (w && whole_rows(*w, shard, values)) {}
+    else if (w && w->mapped && whole_rows(*w, shard, values)) {}
     else if (w) values = copy_block(*w, shard);
     else values = WeightMatrix::from_f32(1, shard.local_size(), take_block(variable_values(model_, spec).data(), shard));
     blocks_.push_back({spec, shard, std::move(values)});

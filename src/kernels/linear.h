@@ -16,6 +16,8 @@ struct WeightMatrix {
   DType dtype = DType::F32;  // F32 or BF16
   const void* data = nullptr;
   std::shared_ptr<const void> owner;  // keeps data alive (own buffer or a memory map)
+  bool mapped = false;  // data lies in a memory-mapped file: a part may be shared without keeping
+                        // heap memory alive (ShardedModel keeps such row blocks as views)
 
   const float* f32() const { return static_cast<const float*>(data); }
   const uint16_t* bf16() const { return static_cast<const uint16_t*>(data); }

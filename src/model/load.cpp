@@ -90,7 +90,7 @@ ModelDir inspect_model_dir(const std::string& dir) {
 
 // Converts a loaded tensor into a weight matrix, in place when it is already fp32/bf16, aligned,
 // and in our layout; otherwise into a fresh buffer.
-static WeightMatrix to_matrix(const HostTensor& t, bool keep_bf16) {
+static WeightMatrix to_matrix(const HostTensor& t, bool keep_bf16, bool mapped) {
   WeightMatrix m;
   m.rows = t.shape[0];
   m.cols = num_elements(t.shape) / std::max<int64_t>(1, t.shape[0]);
@@ -100,6 +100,7 @@ static WeightMatrix to_matrix(const HostTensor& t, bool keep_bf16) {
     m.dtype = t.dtype;
     m.data = t.data;
     m.owner = t.owner;
+    m.mapped = mapped;
   } else if (keep_as_is) {  // misaligned: copy the bytes as they are
     HostTensor copy = HostTensor::allocate(t.dtype, t.shape);
     std::memcpy(copy.mutable_as<std::byte>(), t.data, t.nbytes());
@@ -172,7 +173,7 @@ GemmaModel load_model(const ModelDir& dir, bool keep_bf16, const VariableBlocks&
     check(t.shape == expected, weights_file, ": tensor ", name, " has shape ", shape_str(t.shape), ", but ",
           dir.config_path, " implies ", shape_str(expected));
     if (keras) t = keras_to_ours(t, spec.kind);
-    if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = to_matrix(t, keep_bf16);
+    if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = to_matrix(t, keep_bf16, /*mapped=*/!keras);
     else *model.vector(spec.slot, spec.layer) = to_f32(t);
   }
   return model;
