@@ -43,6 +43,12 @@ std::vector<float> read_block(const GemmaModel& m, const VariableSpec& spec, con
   return block;
 }
 
+bool holds_only_block(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
+  const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
+  const int64_t stored = w ? w->rows * w->cols : int64_t(m.vector(spec.slot, spec.layer)->size());
+  return stored == s.local_size() && stored < s.full_size();
+}
+
 // When block `s` of matrix `w` (our 3-D view) is a run of whole rows, `view` becomes those rows of
 // `w`, sharing its storage (any dtype); returns false otherwise.
 static bool whole_rows(const WeightMatrix& w, const ShardSpec& s, WeightMatrix& view) {
@@ -92,8 +98,7 @@ ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh
     // as it is (fp32 or bf16). A block of whole rows of a memory-mapped checkpoint is a view of the
     // file; other blocks are copied in the stored dtype (so the whole buffer can be freed).
     const WeightMatrix* w = model_.matrix(spec.slot, spec.layer);
-    const int64_t stored = w ? w->rows * w->cols : int64_t(model_.vector(spec.slot, spec.layer)->size());
-    const bool loaded_as_block = stored == shard.local_size() && stored < shard.full_size();
+    const bool loaded_as_block = holds_only_block(model_, spec, shard);
     WeightMatrix values;
     if (w && loaded_as_block) values = *w;
     else if (w && w->mapped && whole_rows(*w, shard, values)) {}

@@ -21,6 +21,9 @@ void set_variable(GemmaModel& model, const VariableSpec& spec, std::vector<float
 // The values of block `s` of a variable (fp32, our layout), reading only the rows the block covers:
 // a memory-mapped checkpoint is only touched where the block's bytes are.
 std::vector<float> read_block(const GemmaModel& model, const VariableSpec& spec, const ShardSpec& s);
+// True when variable `spec` of `model` holds only block `s` (sharded loading left it so), which
+// the ShardedModel and the Trainer recognise by its size.
+bool holds_only_block(const GemmaModel& model, const VariableSpec& spec, const ShardSpec& s);
 // The same for a part of the variable: `region` (in our 3-D view) says which (e.g. a tensor-parallel
 // compute region); the matrix gets the region's rows and columns.
 void set_variable(GemmaModel& model, const VariableSpec& spec, const ShardSpec& region, std::vector<float> values);

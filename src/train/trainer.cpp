@@ -142,9 +142,7 @@ void Trainer::place_variables() {
                                 dist_.layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
       t.region = plan_.compute_region(spec);
       t.partial = plan_.gradient_is_partial(spec);
-      const WeightMatrix* w = model_.matrix(spec.slot, spec.layer);
-      const int64_t stored = w ? w->rows * w->cols : int64_t(model_.vector(spec.slot, spec.layer)->size());
-      const bool loaded_as_block = stored == t.shard.local_size() && stored < t.shard.full_size();
+      const bool loaded_as_block = holds_only_block(model_, spec, t.shard);
       const std::vector<float> block = loaded_as_block ? variable_values(model_, spec) : read_block(model_, spec, t.shard);
       std::vector<float> working = loaded_as_block ? gather_region(block.data(), t.shard, t.region, mesh)
                                                    : read_block(model_, spec, t.region);
