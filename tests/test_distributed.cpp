@@ -212,6 +212,38 @@ TEST(DistributedSamples, GenerateAndEvaluateDuringARunMatchOneDevice) {
   EXPECT_EQ(rn["val_accuracy"].get<double>(), r1["val_accuracy"].get<double>());
 }
 
+// `export --checkpoint` reassembles a sharded run's checkpoint (each rank's blocks) into one model:
+// the same weights the run itself wrote at the end (LoRA: merged the same way as `export --lora`).
+TEST(DistributedExport, ShardedCheckpointBecomesOneModel) {
+  const std::string model = fixture("keras/preset-gemma2-tiny");
+  const std::string root = make_temp_dir("dist-export");
+  for (const bool full : {false, true}) {
+    const std::string run = root + (full ? "/full" : "/lora");
+    CommandResult r = run_job_command("--threads 1 finetune " + model + " --data sample --seq-len 12 --batch-size 4 "
+                                      "--steps 2 --lr 1e-2 --no-progress --mesh 2x2 --layout auto --out " + run +
+                                      (full ? " --full" : " --lora-rank 2 --lora-targets all"),
+                                      kMpirun + "4 ");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    CommandResult e = run_meshtune("export " + model + " --checkpoint " + run + "/checkpoint.safetensors --to keras " +
+                                   run + "/exported");
+    ASSERT_EQ(e.exit_code, 0) << e.err;
+    EXPECT_NE(e.err.find("step 2"), std::string::npos) << e.err;
+    std::string reference = run + "/model";  // full: what the run wrote; LoRA: export --lora
+    if (!full) {
+      ASSERT_EQ(run_meshtune("export " + model + " --lora " + run + "/adapter.lora.h5 --to keras " + run + "/merged").exit_code, 0);
+      reference = run + "/merged";
+    }
+    const auto got = floats_of(read_keras_weights_dir(run + "/exported"));
+    const auto want = floats_of(read_keras_weights_dir(reference));
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, values] : want) EXPECT_EQ(got.at(name), values) << (full ? "full " : "lora ") << name;
+  }
+  // A file that is not a checkpoint is a clear error.
+  CommandResult bad = run_meshtune("export " + model + " --checkpoint " + model + "/config.json --to keras " + root + "/x");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("config.json"), std::string::npos) << bad.err;
+}
+
 // The error paths: a clear message, a non-zero exit of the whole job, and no hang.
 void expect_job_fails(const std::string& args, int processes, const std::vector<std::string>& needles,
                       const std::string& env = "") {

@@ -489,6 +489,15 @@ void Trainer::save_checkpoint(const std::string& path) const {
       {"lora_rank", std::to_string(lora_ ? lora_->rank : 0)},
       {"lora_alpha", exact(lora_ ? lora_->alpha : 0)},
   };
+  if (dist_.mesh) {  // where each block lies in its whole variable, so `export` can reassemble them
+    json placement = json::object();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Trainable& t = trainables_[i];
+      const ShardSpec& held = t.separate() ? t.shard : t.region;
+      placement[params_[i].path] = {{"full", held.full}, {"local", held.local}, {"offset", held.offset}};
+    }
+    meta["placement"] = placement.dump();
+  }
   write_safetensors(checkpoint_file(path), tensors, meta);
   if (!dist_.mesh || dist_.mesh->size() == 1) return;
   // Sharded: every rank has written its file; rank 0 then switches the manifest to this step
@@ -510,6 +519,64 @@ void Trainer::save_checkpoint(const std::string& path) const {
         name.compare(name.size() - mine.size(), mine.size(), mine) == 0 && entry.path().string() != checkpoint_file(path))
       fs::remove(entry.path());
   }
+}
+
+// The files of a checkpoint: the file itself, or every rank's file named by a sharded manifest.
+static std::vector<std::string> checkpoint_files(const std::string& manifest_or_file) {
+  if (read_file(manifest_or_file).substr(0, 1) != "{") return {manifest_or_file};
+  json manifest = json::parse(read_file(manifest_or_file));
+  check(manifest.value("format", "") == "meshtune-sharded-checkpoint-1" && manifest.contains("files"),
+        manifest_or_file, ": not a meshtune sharded-checkpoint manifest");
+  std::vector<std::string> files;
+  for (const auto& name : manifest["files"])
+    files.push_back((fs::path(manifest_or_file).parent_path() / name.get<std::string>()).string());
+  return files;
+}
+
+// The `__metadata__` of a safetensors file (read_safetensors returns tensors only).
+static json safetensors_metadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  check(in && n < (uint64_t(1) << 30), path, ": not a safetensors file");
+  std::string header(n, '\0');
+  in.read(header.data(), std::streamsize(n));
+  return json::parse(header).value("__metadata__", json::object());
+}
+
+TrainedParameters read_trained_parameters(const std::string& manifest_or_file) {
+  TrainedParameters out;
+  for (const std::string& file : checkpoint_files(manifest_or_file)) {
+    const json meta = safetensors_metadata(file);
+    check(meta.value("format", "") == "meshtune-checkpoint-1", file, ": not a meshtune checkpoint");
+    out.mode = meta.value("mode", "");
+    out.step = std::stoll(meta.value("step", "0"));
+    out.lora_rank = std::stoi(meta.value("lora_rank", "0"));
+    out.lora_alpha = std::stod(meta.value("lora_alpha", "0"));
+    const json placement = json::parse(meta.value("placement", std::string("{}")));
+    for (const auto& [name, tensor] : read_safetensors(file)) {
+      if (name.rfind("param/", 0) != 0) continue;
+      const std::string path = name.substr(6);
+      std::vector<float> values = to_f32(tensor);
+      if (!placement.contains(path)) {  // a single-process checkpoint: the whole variable
+        out.values[path] = std::move(values);
+        continue;
+      }
+      ShardSpec block;  // this file's block of the variable
+      const json& p = placement[path];
+      for (size_t d = 0; d < 3; ++d) {
+        block.full[d] = p["full"][d].get<int64_t>();
+        block.local[d] = p["local"][d].get<int64_t>();
+        block.offset[d] = p["offset"][d].get<int64_t>();
+      }
+      check(int64_t(values.size()) == block.local_size(), file, ": ", path, " holds ", values.size(),
+            " values, its placement says ", block.local_size());
+      std::vector<float>& whole = out.values[path];
+      whole.resize(static_cast<size_t>(block.full_size()));
+      place_block(values.data(), block, whole.data());
+    }
+  }
+  return out;
 }
 
 void Trainer::load_checkpoint(const std::string& manifest_or_file) {

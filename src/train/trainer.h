@@ -4,6 +4,7 @@
 // atomically written file).
 #pragma once
 #include <atomic>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +46,18 @@ struct Distribution {
 struct EpochMetrics {
   double loss = 0, accuracy = 0;  // running epoch means, as Keras displays them
 };
+
+// The trainable weights of a checkpoint written by fit() — one file, or a sharded run's manifest
+// (every rank's blocks reassembled from the placement each file records): whole variables by
+// Keras path (LoRA matrices in Keras layout, model weights in our layout). For `export --checkpoint`.
+struct TrainedParameters {
+  std::string mode;  // "lora" or "full"
+  int64_t step = 0;
+  int lora_rank = 0;
+  double lora_alpha = 0;
+  std::map<std::string, std::vector<float>> values;
+};
+TrainedParameters read_trained_parameters(const std::string& manifest_or_file);
 
 class Trainer {
  public:
