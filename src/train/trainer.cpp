@@ -236,17 +236,38 @@ static void sum_in_buckets(Communicator& comm, const std::vector<std::pair<float
   flush();
 }
 
+// The dimension of `t`'s working copy that its block splits over mesh axis `axis` — when that is
+// the only split between them (then a reduce-scatter over the axis yields the block directly) — else -1.
+static int only_split_by(const ShardSpec& region, const ShardSpec& shard, int axis) {
+  if (!contains(region, shard)) return -1;
+  const ShardSpec inside = relative(shard, region);
+  int dim = -1;
+  for (int d = 0; d < 3; ++d) {
+    if (inside.axis[size_t(d)] < 0) continue;
+    if (inside.axis[size_t(d)] != axis || dim >= 0) return -1;
+    dim = d;
+  }
+  return dim;
+}
+
 void Trainer::finish_gradients(LossSums& sums) {
   if (!dist_.mesh) return;
   const int axis = dist_.mesh->axis_index(dist_.batch_axis);
-  if (axis >= 0 && dist_.mesh->axis_size(axis) > 1) {
-    Communicator& comm = dist_.mesh->axis_comm(axis);
+  Communicator* batch = axis >= 0 && dist_.mesh->axis_size(axis) > 1 ? &dist_.mesh->axis_comm(axis) : nullptr;
+  // Gradients whose block splits the working copy over the batch axis only are reduce-scattered
+  // (FSDP-style: each process receives just its block's sums); the others are all-reduced.
+  std::vector<int> scatter_dim(trainables_.size(), -1);
+  if (batch) {
     double s[3] = {sums.weighted_ce, sums.weighted_correct, sums.weight};
-    comm.all_reduce_sum(s, 3);
+    batch->all_reduce_sum(s, 3);
     sums = {s[0], s[1], s[2]};
     std::vector<std::pair<float*, size_t>> grads;
-    for (Trainable& t : trainables_) grads.push_back({t.grad, t.size});
-    sum_in_buckets(comm, grads);
+    for (size_t i = 0; i < trainables_.size(); ++i) {
+      Trainable& t = trainables_[i];
+      scatter_dim[i] = t.separate() ? only_split_by(t.region, t.shard, axis) : -1;
+      if (scatter_dim[i] < 0) grads.push_back({t.grad, t.size});
+    }
+    sum_in_buckets(*batch, grads);
   }
   Communicator* tensor_parallel = plan_.active() ? &dist_.mesh->axis_comm(plan_.axis) : nullptr;
   if (tensor_parallel) {  // partial gradients of parts this process holds whole: one bucketed sum
@@ -264,6 +285,18 @@ void Trainer::finish_gradients(LossSums& sums) {
       place_block(t.grad, t.region, whole.data());
       tensor_parallel->all_reduce_sum(whole.data(), whole.size());
       t.block_grad = take_block(whole.data(), t.shard);
+    } else if (scatter_dim[i] >= 0) {
+      // Every member's block, in member order, then one reduce-scatter.
+      ShardSpec member = relative(t.shard, t.region);
+      const size_t count = size_t(member.local_size());
+      std::vector<float> blocks(count * size_t(batch->size()));
+      for (int m = 0; m < batch->size(); ++m) {
+        member.offset[size_t(scatter_dim[i])] = member.local[size_t(scatter_dim[i])] * m;
+        const std::vector<float> b = take_block(t.grad, member);
+        std::copy(b.begin(), b.end(), blocks.begin() + long(count * size_t(m)));
+      }
+      t.block_grad.resize(count);
+      batch->reduce_scatter_sum(blocks.data(), count, t.block_grad.data());
     } else if (t.separate()) {
       t.block_grad = take_block(t.grad, relative(t.shard, t.region));
     }
