@@ -93,8 +93,7 @@ Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOpti
       DeviceMesh& mesh = *dist_.mesh;
       for (size_t i = 0; i < squared_norms.size(); ++i) {
         const Trainable& t = trainables_[i];
-        const ShardSpec& held = t.separate() ? t.shard : t.region;
-        const double holders = double(mesh.size()) * double(held.local_size()) / double(held.full_size());
+        const double holders = double(mesh.size()) * double(t.held().local_size()) / double(t.held().full_size());
         squared_norms[i] /= holders;
       }
       mesh.comm().all_reduce_sum(squared_norms.data(), squared_norms.size());
@@ -142,11 +141,15 @@ void Trainer::place_variables() {
                                 dist_.layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
       t.region = plan_.compute_region(spec);
       t.partial = plan_.gradient_is_partial(spec);
-      const bool loaded_as_block = holds_only_block(model_, spec, t.shard);
-      const std::vector<float> block = loaded_as_block ? variable_values(model_, spec) : read_block(model_, spec, t.shard);
-      std::vector<float> working = loaded_as_block ? gather_region(block.data(), t.shard, t.region, mesh)
-                                                   : read_block(model_, spec, t.region);
-      if (t.separate()) t.block = block;
+      std::vector<float> working;
+      if (holds_only_block(model_, spec, t.shard)) {
+        std::vector<float> block = variable_values(model_, spec);
+        working = gather_region(block.data(), t.shard, t.region, mesh);
+        if (t.separate()) t.block = std::move(block);
+      } else {
+        if (t.separate()) t.block = read_block(model_, spec, t.shard);
+        working = read_block(model_, spec, t.region);
+      }
       set_variable(model_, spec, t.region, std::move(working));
       SlotRef ref = slot_ref(model_, grads_, spec);
       grad_storage_[i].assign(ref.size, 0.f);
@@ -164,7 +167,7 @@ void Trainer::place_variables() {
   // The optimizer sees blocks where they are separate, else the working copies.
   for (size_t i = 0; i < params_.size(); ++i) {
     Trainable& t = trainables_[i];
-    const ShardSpec& held = t.separate() ? t.shard : t.region;
+    const ShardSpec& held = t.held();
     if (t.separate()) t.block_grad.assign(t.block.size(), 0.f);
     params_[i].value = t.separate() ? t.block.data() : t.value;
     params_[i].grad = t.separate() ? t.block_grad.data() : t.grad;
@@ -525,8 +528,7 @@ void Trainer::save_checkpoint(const std::string& path) const {
   if (dist_.mesh) {  // where each block lies in its whole variable, so `export` can reassemble them
     json placement = json::object();
     for (size_t i = 0; i < params_.size(); ++i) {
-      const Trainable& t = trainables_[i];
-      const ShardSpec& held = t.separate() ? t.shard : t.region;
+      const ShardSpec& held = trainables_[i].held();
       placement[params_[i].path] = {{"full", held.full}, {"local", held.local}, {"offset", held.offset}};
     }
     meta["placement"] = placement.dump();
@@ -627,13 +629,7 @@ void Trainer::load_checkpoint(const std::string& manifest_or_file) {
     check(processes == 1, manifest_or_file, ": a single-process checkpoint; resume it without a mesh");
   }
   std::map<std::string, HostTensor> tensors = read_safetensors(path);
-  // The metadata lives in the header; re-read it from the file.
-  std::ifstream in(path, std::ios::binary);
-  uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  std::string header(n, '\0');
-  in.read(header.data(), std::streamsize(n));
-  json meta = json::parse(header).value("__metadata__", json::object());
+  const json meta = safetensors_metadata(path);
   check(meta.value("format", "") == "meshtune-checkpoint-1", path, ": not a meshtune checkpoint");
   check(meta.value("mode", "") == (lora_ ? "lora" : "full"), path, ": checkpoint is for ",
         meta.value("mode", "?"), " training, this run is ", lora_ ? "lora" : "full");

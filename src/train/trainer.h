@@ -111,6 +111,7 @@ class Trainer {
     bool partial = false;   // the gradient is this process' share: sum it over the tensor-parallel axis
     std::vector<float> block, block_grad;
     bool separate() const { return !same_region(region, shard); }
+    const ShardSpec& held() const { return separate() ? shard : region; }  // what the optimizer updates
   };
 
   void place_variables();
