@@ -22,45 +22,6 @@ void set_variable(GemmaModel& m, const VariableSpec& spec, std::vector<float> va
   }
 }
 
-std::vector<float> read_block(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
-  const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
-  if (!w) return take_block(m.vector(spec.slot, spec.layer)->data(), s);
-  std::vector<float> block(static_cast<size_t>(s.local_size())), row(static_cast<size_t>(w->cols));
-  size_t o = 0;
-  for (int64_t a = 0; a < s.local[0]; ++a)
-    for (int64_t b = 0; b < s.local[1]; ++b) {
-      // The run of local[2] values starts at this flat index of the 3-D view, inside one matrix row.
-      const int64_t flat = ((a + s.offset[0]) * s.full[1] + (b + s.offset[1])) * s.full[2] + s.offset[2];
-      const int64_t r = flat / w->cols, c0 = flat % w->cols;
-      if (w->dtype == DType::F32) {
-        const float* src = w->f32() + r * w->cols + c0;
-        std::copy(src, src + s.local[2], block.begin() + long(o));
-      } else {
-        for (int64_t c = 0; c < s.local[2]; ++c) block[o + size_t(c)] = w->at(r, c0 + c);
-      }
-      o += size_t(s.local[2]);
-    }
-  return block;
-}
-
-bool holds_only_block(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
-  const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
-  const int64_t stored = w ? w->rows * w->cols : int64_t(m.vector(spec.slot, spec.layer)->size());
-  return stored == s.local_size() && stored < s.full_size();
-}
-
-// When block `s` of matrix `w` (our 3-D view) is a run of whole rows, `view` becomes those rows of
-// `w`, sharing its storage (any dtype); returns false otherwise.
-static bool whole_rows(const WeightMatrix& w, const ShardSpec& s, WeightMatrix& view) {
-  const bool contiguous = s.local[2] == s.full[2] && (s.local[0] == 1 || s.local[1] == s.full[1]);
-  const int64_t first = (s.offset[0] * s.full[1] + s.offset[1]) * s.full[2] + s.offset[2];
-  if (!contiguous || first % w.cols != 0 || s.local_size() % w.cols != 0) return false;
-  view = w;
-  view.rows = s.local_size() / w.cols;
-  view.data = static_cast<const std::byte*>(w.data) + size_t(first) * dtype_size(w.dtype);
-  return true;
-}
-
 // Block `s` of matrix `w` copied in w's own dtype (a bf16 block stays bf16): the runs of local[2]
 // values, each inside one matrix row, one after another.
 static WeightMatrix copy_block(const WeightMatrix& w, const ShardSpec& s) {
@@ -79,6 +40,29 @@ static WeightMatrix copy_block(const WeightMatrix& w, const ShardSpec& s) {
   block.data = bytes->data();
   block.owner = bytes;
   return block;
+}
+
+std::vector<float> read_block(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
+  const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
+  return w ? copy_block(*w, s).to_f32() : take_block(m.vector(spec.slot, spec.layer)->data(), s);
+}
+
+bool holds_only_block(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
+  const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
+  const int64_t stored = w ? w->rows * w->cols : int64_t(m.vector(spec.slot, spec.layer)->size());
+  return stored == s.local_size() && stored < s.full_size();
+}
+
+// When block `s` of matrix `w` (our 3-D view) is a run of whole rows, `view` becomes those rows of
+// `w`, sharing its storage (any dtype); returns false otherwise.
+static bool whole_rows(const WeightMatrix& w, const ShardSpec& s, WeightMatrix& view) {
+  const bool contiguous = s.local[2] == s.full[2] && (s.local[0] == 1 || s.local[1] == s.full[1]);
+  const int64_t first = (s.offset[0] * s.full[1] + s.offset[1]) * s.full[2] + s.offset[2];
+  if (!contiguous || first % w.cols != 0 || s.local_size() % w.cols != 0) return false;
+  view = w;
+  view.rows = s.local_size() / w.cols;
+  view.data = static_cast<const std::byte*>(w.data) + size_t(first) * dtype_size(w.dtype);
+  return true;
 }
 
 // A block's values as fp32 for a collective: its own buffer when it is fp32, else a widened copy.
