@@ -116,7 +116,7 @@ Runner add_finetune_command(CLI::App& app) {
     Distribution distribution;
     if (mesh)
       distribution = o->mesh.make_distribution(
-          mesh.get(), read_model_config(inspect_model_dir(resolve_model_path(o->model.model, o->model.models_dir))));
+          mesh.get(), read_config(o->model));
     LoadedModel loaded =
         load_model_and_tokenizer(o->model, !pretokenized || !o->sample_prompts.empty() || !o->validation_data.empty(),
                                  mesh ? sharded_blocks(distribution.layout, *mesh) : VariableBlocks{});

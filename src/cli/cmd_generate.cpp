@@ -44,7 +44,7 @@ Runner add_generate_command(CLI::App& app) {
     std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
     LayoutMap layout;
     if (mesh) {
-      const GemmaConfig config = read_model_config(inspect_model_dir(resolve_model_path(o->model.model, o->model.models_dir)));
+      const GemmaConfig config = read_config(o->model);
       layout = o->mesh.make_layout(config, mesh->shape(), mesh->axis_names());
     }
     // Under a mesh a LoRA adapter is merged after sharding, each process into its own part.

@@ -9,6 +9,10 @@
 
 namespace meshtune::cli {
 
+GemmaConfig read_config(const ModelOptions& options) {
+  return read_model_config(inspect_model_dir(resolve_model_path(options.model, options.models_dir)));
+}
+
 LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer, const VariableBlocks& blocks) {
   LoadedModel loaded;
   loaded.dir = inspect_model_dir(resolve_model_path(options.model, options.models_dir));

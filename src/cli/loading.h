@@ -15,6 +15,9 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;  // null when not asked for
 };
 
+// The model's config alone (to plan a mesh layout before the weights are read).
+GemmaConfig read_config(const ModelOptions& options);
+
 // `blocks`: sharded loading (see load_model); ignored when a LoRA adapter is merged at load.
 LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer, const VariableBlocks& blocks = {});
 
