@@ -209,19 +209,34 @@ TEST(LayoutMap, RuleText) {
   map.add_rule_text("decoder_block.*ffw_gating.kernel=,model");
   map.add_rule_text("token_embedding/embeddings= model , null");
   map.add_rule_text("decoder_block.*ffw_gating_2.kernel=model,");
-  map.add_rule_text("(?=.*query).*kernel=model,None,None");  // '=' inside the regex: split at the last one
+  map.add_rule_text(".*query=?/kernel=model,None,None");  // '=' inside the regex: split at the last one
   ASSERT_EQ(map.rules().size(), 5u);
   EXPECT_EQ(map.rules()[0].second, (PartitionSpec{"model", None}));
   EXPECT_EQ(map.rules()[1].second, (PartitionSpec{None, "model"}));
   EXPECT_EQ(map.rules()[2].second, (PartitionSpec{"model", None}));
   EXPECT_EQ(map.rules()[3].second, (PartitionSpec{"model", None}));
-  EXPECT_EQ(map.rules()[4].first, "(?=.*query).*kernel");
+  EXPECT_EQ(map.rules()[4].first, ".*query=?/kernel");
   EXPECT_EQ(*map.lookup("decoder_block_0/attention/query/kernel"), (PartitionSpec{"model", None, None}));
 
   expect_mentions(error_of([&] { map.add_rule_text("no equals sign"); }), {"'no equals sign'", "'='"});
   expect_mentions(error_of([&] { map.add_rule_text("=model"); }), {"'=model'"});
   expect_mentions(error_of([&] { map.add_rule_text("x.*="); }), {"'x.*='"});
   expect_mentions(error_of([&] { map.add_rule_text("(x=model"); }), {"'(x'"});
+  // RE2 syntax: lookaround (which would need backtracking) is refused, naming the rule.
+  expect_mentions(error_of([&] { map.add_rule_text("(?!x).*=model"); }), {"'(?!x).*'", "not a valid regex"});
+}
+
+TEST(LayoutMap, HostileRegexesFailFastOrRunInLinearTime) {
+  LayoutMap map;
+  // Catastrophic backtracking for std::regex / Python re; linear for RE2.
+  map.add("(.*.*.*.*.*.*.*.*.*.*.*.*)*Z", {None});
+  const std::string long_path(200000, 'a');
+  EXPECT_FALSE(map.lookup(long_path).has_value());
+  // Deep nesting: compiled without recursion; too long a pattern is refused with the limit.
+  map.add(std::string(1000, '(') + "q" + std::string(1000, ')'), {None});
+  EXPECT_TRUE(map.lookup("q").has_value());
+  expect_mentions(error_of([&] { map.add(std::string(5000, 'a'), {None}); }), {"at most 4096"});
+  expect_mentions(error_of([&] { map.add("a{1001}", {None}); }), {"not a valid regex"});
 }
 
 TEST(LayoutMap, KerasHubMapOnGemmaTiny) {

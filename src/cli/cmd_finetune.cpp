@@ -20,6 +20,7 @@
 #include "generate/generate.h"
 #include "model/lora_files.h"
 #include "model/save.h"
+#include "train/run_dir.h"
 #include "train/trainer.h"
 
 namespace meshtune::cli {
@@ -48,7 +49,7 @@ Runner add_finetune_command(CLI::App& app) {
     std::string data, text_field = "text", validation_data, out = "runs/finetune";
     size_t take = 0, validation_take = 0;
     uint64_t shuffle_seed = 0;
-    bool no_shuffle = false, full = false, resume = false, no_progress = false;
+    bool no_shuffle = false, full = false, resume = false, overwrite = false, no_progress = false;
     int seq_len = 128, batch_size = 2, epochs = 1, grad_accum = 1, lora_rank = 0;
     int64_t steps = 0, checkpoint_every = 0, warmup_steps = 0;
     double lora_alpha = 0, lr = 5e-5, weight_decay = 0.01, beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7;
@@ -95,6 +96,9 @@ Runner add_finetune_command(CLI::App& app) {
   cmd->add_option("--out", o->out, "Output directory (default runs/finetune)");
   cmd->add_option("--checkpoint-every", o->checkpoint_every, "Also save a checkpoint every N steps");
   cmd->add_flag("--resume", o->resume, "Continue from --out/checkpoint.safetensors");
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Replace the run already in --out (its checkpoint, adapter and model are removed first); "
+                "without it or --resume such a directory is refused");
   cmd->add_option("--log-jsonl", o->log_jsonl, "Write one JSON line per step (step, loss, accuracy, lr, tokens/s)");
   cmd->add_option("--validation-data", o->validation_data, "Evaluate on this data after training");
   cmd->add_option("--validation-take", o->validation_take, "Use only the first N validation examples");
@@ -108,6 +112,9 @@ Runner add_finetune_command(CLI::App& app) {
     check(o->batch_size >= 1, "--batch-size must be at least 1, got ", o->batch_size);
     check(o->epochs >= 1, "--epochs must be at least 1, got ", o->epochs);
     check(!(o->full && (o->lora_rank > 0 || !o->lora_init.empty())), "--full cannot be combined with LoRA options");
+    check(!(o->resume && o->overwrite), "--resume and --overwrite cannot be combined");
+    const RunDirMode run_mode = o->resume ? RunDirMode::Resume : o->overwrite ? RunDirMode::Overwrite : RunDirMode::Fresh;
+    if (run_mode != RunDirMode::Overwrite) prepare_run_dir(o->out, run_mode);  // refuse before any loading
     // Pre-tokenized data needs no tokenizer (unless samples are asked for).
     const bool pretokenized = o->data.rfind("npy:", 0) == 0 ||
                               (o->data.size() > 4 && o->data.compare(o->data.size() - 4, 4, ".npy") == 0);
@@ -161,7 +168,10 @@ Runner add_finetune_command(CLI::App& app) {
     fit.schedule.warmup_steps = o->warmup_steps;
     fit.schedule.total_steps = o->steps > 0 ? std::min<int64_t>(o->steps, steps_per_epoch * o->epochs) : steps_per_epoch * o->epochs;
     fit.schedule.final_fraction = o->final_lr_fraction;
-    fs::create_directories(o->out);
+    if (run_mode == RunDirMode::Overwrite) {  // once every input has loaded: rank 0 clears, the others wait
+      if (world().rank() == 0) prepare_run_dir(o->out, run_mode);
+      world().barrier();
+    }
     fit.checkpoint_path = (fs::path(o->out) / "checkpoint.safetensors").string();
     fit.checkpoint_every = o->checkpoint_every;
     fit.log_jsonl = o->log_jsonl;

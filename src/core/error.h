@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace meshtune {
 
@@ -22,6 +23,13 @@ template <typename... Args>
 template <typename... Args>
 void check(bool ok, const Args&... args) {
   if (!ok) fail(args...);
+}
+
+// At most `max_chars` of `text`, for error messages that quote a name or value from a file (which
+// may be megabytes long).
+inline std::string brief(std::string_view text, size_t max_chars = 80) {
+  if (text.size() <= max_chars) return std::string(text);
+  return std::string(text.substr(0, max_chars)) + "…(" + std::to_string(text.size()) + " bytes)";
 }
 
 }  // namespace meshtune

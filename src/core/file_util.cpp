@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -40,12 +41,25 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
   }
 }
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path, size_t max_bytes) {
+  std::error_code ec;
+  check(std::filesystem::is_regular_file(path, ec), path, ": not found or not a regular file");
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  check(!ec, path, ": cannot get size: ", ec.message());
+  check(size <= max_bytes, path, ": ", size, " bytes, more than the ", max_bytes, " this file may have");
   std::ifstream in(path, std::ios::binary);
-  check(bool(in), path, ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  check(bool(in), path, ": cannot open: ", std::strerror(errno));
+  std::string out(size_t(size), '\0');
+  check(bool(in.read(out.data(), std::streamsize(size))), path, ": cannot read");
+  return out;
+}
+
+std::string plain_file_in(const std::string& dir, const std::string& name, const std::string& what) {
+  check(!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+            name.find('\0') == std::string::npos,
+        what, ": \"", name.size() > 80 ? name.substr(0, 80) + "…" : name, "\" is not a plain file name in ",
+        dir.empty() ? "." : dir);
+  return (std::filesystem::path(dir) / name).string();
 }
 
 void copy_file_atomic(const std::string& from, const std::string& to) { write_file_atomic(to, read_file(from)); }

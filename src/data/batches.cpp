@@ -35,6 +35,16 @@ std::vector<size_t> epoch_order(size_t n, bool shuffle, uint64_t seed, size_t ep
 
 }  // namespace
 
+std::string_view tokenizable_prefix(std::string_view text, int sequence_length) {
+  // A piece spans at most 16 characters (SentencePiece's max_sentencepiece_length) of at most 4
+  // bytes, so the first L tokens come from the first 64·L bytes; the cut lies far beyond those, at
+  // a space or line break, so it changes no token that is used.
+  const size_t keep = std::max<size_t>(size_t(1) << 20, size_t(sequence_length) * 64 * 16);
+  if (text.size() <= keep) return text;
+  const size_t cut = text.find_first_of(" \n\t", keep);
+  return text.substr(0, cut == std::string_view::npos ? std::min(text.size(), keep * 2) : cut);
+}
+
 BatchStream::BatchStream(const Dataset& data, const Tokenizer* tokenizer, const BatchOptions& options)
     : options_(options) {
   check(data.size() > 0, "data ", data.source, ": no examples");
@@ -57,7 +67,11 @@ BatchStream::BatchStream(const Dataset& data, const Tokenizer* tokenizer, const 
   } else {
     check(tokenizer != nullptr, "data ", data.source, ": a text data set needs a tokenizer");
     token_lists_.reserve(n);
-    for (size_t i = 0; i < n; ++i) token_lists_.push_back(tokenizer->encode(data.texts[i]));
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<int> tokens = tokenizer->encode(tokenizable_prefix(data.texts[i], options.sequence_length));
+      if (tokens.size() > size_t(options.sequence_length)) tokens.resize(size_t(options.sequence_length));  // never used
+      token_lists_.push_back(std::move(tokens));
+    }
   }
 }
 

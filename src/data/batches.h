@@ -4,6 +4,7 @@
 // arguments, so resuming at (epoch, step) continues exactly where an interrupted run stopped.
 #pragma once
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "data/dataset.h"
@@ -26,6 +27,11 @@ struct BatchOptions {
   bool shuffle = true;
   uint64_t shuffle_seed = 0;
 };
+
+// The part of an example's text that tokenizing needs when only the first `sequence_length` tokens
+// are used: all of it up to 1 MiB (or 1024·L bytes), beyond that cut at the next space or line break
+// (SentencePiece needs ~150 bytes of memory per input byte, so a 4 MB line would cost 600 MB).
+std::string_view tokenizable_prefix(std::string_view text, int sequence_length);
 
 class BatchStream {
  public:

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/json.h"
 #include "core/npy.h"
 #include "data/crc32c.h"
 
@@ -295,15 +296,10 @@ std::vector<std::string> load_jsonl(const fs::path& path, const std::string& fie
   std::vector<std::string> texts;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (is_blank(lines[i])) continue;
-    nlohmann::json obj;
-    try {
-      obj = nlohmann::json::parse(lines[i]);
-    } catch (const nlohmann::json::exception& e) {
-      fail("file ", file, " line ", i + 1, ": not valid JSON (", e.what(), ")");
-    }
+    const json obj = parse_json(lines[i], "file " + file + " line " + std::to_string(i + 1));
     check(obj.is_object(), "file ", file, " line ", i + 1, ": not a JSON object");
     auto it = obj.find(field);
-    check(it != obj.end(), "file ", file, " line ", i + 1, ": no field '", field, "'");
+    check(it != obj.end(), "file ", file, " line ", i + 1, ": no field '", brief(field), "'");
     check(it->is_string(), "file ", file, " line ", i + 1, ": field '", field, "' is not a string");
     texts.push_back(it->get<std::string>());
   }

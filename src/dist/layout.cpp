@@ -2,27 +2,15 @@
 // checks a spec against a variable's shape and the mesh so a bad layout fails before any work.
 #include "dist/layout.h"
 
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_util.h"
+#include "core/json.h"
 
 namespace meshtune {
 
 namespace {
-
-using json = nlohmann::json;
-
-// Compiles a key as an ECMAScript regex; the error names the key (std::regex's own text does not).
-std::regex compile_key(const std::string& key) {
-  try {
-    return std::regex(key, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    fail("layout rule '", key, "' is not a valid regex: ", e.what());
-  }
-}
 
 std::string trim(const std::string& s) {
   size_t begin = s.find_first_not_of(" \t\r\n");
@@ -51,49 +39,40 @@ std::string partition_spec_str(const PartitionSpec& spec) {
 void LayoutMap::add(const std::string& key, const PartitionSpec& spec) {
   check(!key.empty(), "layout rule has an empty key");
   for (const auto& [existing, _] : rules_)
-    check(existing != key, "layout rule '", key, "' is given twice");
-  std::regex regex = compile_key(key);  // a broken regex fails here, not at the first lookup
+    check(existing != key, "layout rule '", brief(key), "' is given twice");
+  UserRegex regex(key, "layout rule '" + brief(key) + "'");  // a broken regex fails here, not at the first lookup
   for (const auto& axis : spec)
-    check(!axis || !axis->empty(), "layout rule '", key, "' has an empty axis name (use null/None for none)");
+    check(!axis || !axis->empty(), "layout rule '", brief(key), "' has an empty axis name (use null/None for none)");
   rules_.emplace_back(key, spec);
   regexes_.push_back(std::move(regex));
 }
 
 LayoutMap LayoutMap::from_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  check(bool(in), "layout file ", path, ": cannot be opened");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    fail("layout file ", path, ": not valid JSON: ", e.what());
-  }
-  check(j.is_object(), "layout file ", path, ": expected a JSON object {\"regex\": [null, \"model\"], ...}");
+  const std::string source = "layout file " + path;
+  const json doc = parse_json(read_file(path, kMaxJsonFileBytes), source);
+  const JsonValue root(doc, source);
+  check(root.is_object(), source, ": expected a JSON object {\"regex\": [null, \"model\"], ...}");
   LayoutMap map;
-  for (const auto& [key, value] : j.items()) {
-    check(value.is_array(), "layout file ", path, ": rule '", key,
-          "' must be an array of axis names or null, got ", value.dump());
+  for (const auto& [key, value] : root.members()) {
+    const std::string rule = source + ": rule '" + brief(key) + "'";
+    check(value.is_array(), rule, " must be an array of axis names or null");
     PartitionSpec spec;
-    for (const auto& entry : value) {
-      if (entry.is_null()) {
-        spec.push_back(std::nullopt);
-      } else {
-        check(entry.is_string(), "layout file ", path, ": rule '", key,
-              "' must be an array of axis names or null, got ", value.dump());
-        spec.push_back(entry.get<std::string>());
-      }
+    for (const JsonValue& entry : value.elements()) {
+      check(entry.is_null() || entry.is_string(), rule, " must be an array of axis names or null");
+      if (entry.is_null()) spec.push_back(std::nullopt);
+      else spec.push_back(entry.string());
     }
     try {
       map.add(key, spec);
     } catch (const Error& e) {
-      fail("layout file ", path, ": ", e.what());
+      fail(source, ": ", e.what());
     }
   }
   return map;
 }
 
 void LayoutMap::add_rule_text(const std::string& text) {
-  // Split at the LAST '=': a regex may contain '=' (e.g. a lookahead "(?=...)"), an axis list never does.
+  // Split at the LAST '=': a regex may contain '=' (e.g. "a{1,}=?"), an axis list never does.
   size_t eq = text.rfind('=');
   check(eq != std::string::npos, "layout rule '", text, "' has no '=' (expected REGEX=axis,axis,... e.g. 'decoder_block.*ffw_linear.kernel=model,None')");
   std::string key = text.substr(0, eq), axes = text.substr(eq + 1);
@@ -140,7 +119,7 @@ std::optional<std::pair<std::string, PartitionSpec>> LayoutMap::lookup_rule(cons
     if (rule.first == path) return rule;
   const std::pair<std::string, PartitionSpec>* found = nullptr;
   for (size_t i = 0; i < rules_.size(); ++i) {
-    if (!std::regex_match(path, regexes_[i])) continue;  // full match, as Keras ≥ 3.14 (re.fullmatch)
+    if (!regexes_[i].full_match(path)) continue;  // full match, as Keras ≥ 3.14 (re.fullmatch)
     check(!found, "variable ", path, " matches more than one layout rule: '", found ? found->first : "", "' and '",
           rules_[i].first, "' (each variable may match at most one rule)");
     found = &rules_[i];
@@ -167,20 +146,20 @@ PartitionSpec LayoutMap::resolve(const std::string& path, const Shape& shape, co
   if (!rule) return PartitionSpec(shape.size(), std::nullopt);
   const std::string& key = rule->first;
   const PartitionSpec& spec = rule->second;
-  check(spec.size() == shape.size(), "layout rule '", key, "' gives ", spec.size(), " entries for ", path,
+  check(spec.size() == shape.size(), "layout rule '", brief(key), "' gives ", spec.size(), " entries for ", path,
         " of shape ", shape_str(shape), " (rank ", shape.size(), ")");
   for (size_t d = 0; d < spec.size(); ++d) {
     if (!spec[d]) continue;
     const std::string& axis = *spec[d];
     size_t a = 0;
     while (a < axis_names.size() && axis_names[a] != axis) ++a;
-    check(a < axis_names.size(), "layout rule '", key, "': dimension ", d, " of ", path, ": axis '", axis,
+    check(a < axis_names.size(), "layout rule '", brief(key), "': dimension ", d, " of ", path, ": axis '", axis,
           "' is not a mesh axis (mesh axes: ", join_axes(axis_names), ")");
     for (size_t e = 0; e < d; ++e)
-      check(spec[e] != spec[d], "layout rule '", key, "': axis '", axis, "' is used for both dimension ", e,
+      check(spec[e] != spec[d], "layout rule '", brief(key), "': axis '", axis, "' is used for both dimension ", e,
             " and dimension ", d, " of ", path, " (an axis may split one dimension only)");
     int size = mesh_shape[a];
-    check(shape[d] % size == 0, "layout rule '", key, "': dimension ", d, " (size ", shape[d], ") of ", path,
+    check(shape[d] % size == 0, "layout rule '", brief(key), "': dimension ", d, " (size ", shape[d], ") of ", path,
           " is not divisible by axis '", axis, "' of size ", size);
   }
   return spec;

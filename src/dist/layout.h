@@ -3,12 +3,12 @@
 // replicated. Each value has one mesh-axis name or null per tensor dimension (a PartitionSpec).
 #pragma once
 #include <optional>
-#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/user_regex.h"
 #include "dist/mesh.h"
 #include "model/config.h"
 
@@ -54,7 +54,7 @@ class LayoutMap {
 
  private:
   std::vector<std::pair<std::string, PartitionSpec>> rules_;
-  std::vector<std::regex> regexes_;  // rules_[i].first compiled (ECMAScript), matched in full
+  std::vector<UserRegex> regexes_;  // rules_[i].first compiled (RE2), matched in full
 };
 
 }  // namespace meshtune

@@ -45,6 +45,12 @@ bool contains(const ShardSpec& outer, const ShardSpec& inner) {
 
 bool same_region(const ShardSpec& a, const ShardSpec& b) { return a.offset == b.offset && a.local == b.local; }
 
+bool overlaps(const ShardSpec& a, const ShardSpec& b) {
+  for (size_t d = 0; d < 3; ++d)
+    if (a.offset[d] >= b.offset[d] + b.local[d] || b.offset[d] >= a.offset[d] + a.local[d]) return false;
+  return true;
+}
+
 ShardSpec relative(const ShardSpec& inner, const ShardSpec& outer) {
   ShardSpec r;
   for (size_t d = 0; d < 3; ++d) {

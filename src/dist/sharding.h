@@ -39,6 +39,7 @@ ShardSpec whole_shard_spec(VarKind kind, bool identity_layout, const Shape& kera
 void narrow(ShardSpec& s, int dim, int axis, int64_t offset, int64_t length);
 bool contains(const ShardSpec& outer, const ShardSpec& inner);  // inner's region lies inside outer's
 bool same_region(const ShardSpec& a, const ShardSpec& b);
+bool overlaps(const ShardSpec& a, const ShardSpec& b);  // the regions share at least one value
 // `inner`'s block seen inside `outer`'s block (outer ⊇ inner): full = outer's block, and only the
 // dimensions where inner is smaller stay split (by inner's axes).
 ShardSpec relative(const ShardSpec& inner, const ShardSpec& outer);

@@ -6,11 +6,21 @@
 
 namespace meshtune {
 
+// max_length bounds the KV cache and every row: it may not exceed what the model was made for.
+static void check_options(const GemmaConfig& config, const GenerateOptions& options) {
+  check(options.max_length >= 1 && options.max_length <= config.max_sequence_length, "max_length ",
+        options.max_length, " is outside [1, ", config.max_sequence_length,
+        "] (the model's maximum sequence length; set it with --max-length)");
+  for (int id : options.stop_token_ids)
+    check(id >= 0 && id < config.vocab_size, "stop token id ", id, " is outside the vocabulary [0, ", config.vocab_size,
+          ")");
+}
+
 GeneratedIds generate_ids(const GemmaModel& model, std::vector<std::vector<int32_t>> ids,
                           std::vector<std::vector<uint8_t>> mask, const GenerateOptions& options) {
+  check_options(model.config, options);
   const int64_t B = int64_t(ids.size()), L = options.max_length, V = model.config.vocab_size;
   check(B > 0, "generate: no prompts");
-  check(L >= 1, "--max-length must be at least 1, got ", L);
   std::vector<int64_t> prompt_length(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
     check(int64_t(ids[b].size()) == L && int64_t(mask[b].size()) == L, "generate: row ", b, " is not ", L, " long");
@@ -72,6 +82,7 @@ std::vector<int> default_stop_token_ids(const GemmaModel& model, const Tokenizer
 
 std::vector<GeneratedText> generate_text(const GemmaModel& model, const Tokenizer& tokenizer,
                                          const std::vector<std::string>& prompts, const GenerateOptions& options) {
+  check_options(model.config, options);
   const int64_t L = options.max_length;
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::vector<uint8_t>> mask;

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_util.h"
+#include "core/json.h"
 
 namespace meshtune {
 
@@ -385,27 +387,19 @@ std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir,
 
   if (fs::exists(json_path, ec)) {
     // Sharded: read each shard named in weight_map once, in the order first listed.
-    nlohmann::json index;
-    try {
-      std::ifstream in(json_path);
-      if (!in) fail("file ", json_path.string(), ": cannot open");
-      index = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      fail("file ", json_path.string(), ": invalid JSON: ", e.what());
-    }
+    const json index = read_json_file(json_path.string());
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       fail("file ", json_path.string(), ": missing object \"weight_map\"");
     }
     std::vector<std::string> shards;
     std::set<std::string> seen;
-    auto add_shard = [&](const nlohmann::json& value, const std::string& key) {
-      if (!value.is_string()) fail("file ", json_path.string(), ": weight_map[\"", key, "\"] is not a file name");
-      std::string name = value.get<std::string>();
+    auto add_shard = [&](const json& value, const std::string& key) {
+      const std::string what = json_path.string() + ": weight_map[\"" + brief(key) + "\"]";
+      if (!value.is_string()) fail(what, " is not a file name");
+      const std::string name = value.get<std::string>();
       // Shards live beside the json; refuse paths that would reach elsewhere.
-      if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
-          name.find('\\') != std::string::npos) {
-        fail("file ", json_path.string(), ": weight_map[\"", key, "\"] names \"", name, "\", not a file in ", dir);
-      }
+      plain_file_in(dir, name, what);
+      check(name.find('\\') == std::string::npos, what, ": \"", brief(name), "\" is not a plain file name");
       if (seen.insert(name).second) shards.push_back(name);
     };
     for (const auto& [key, value] : index["weight_map"].items()) {

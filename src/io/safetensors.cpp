@@ -17,12 +17,13 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_util.h"
+#include "core/json.h"
 
 namespace meshtune {
 
 namespace {
 
-using nlohmann::json;
 
 // One read-only memory map of a whole file; every tensor of the file holds a shared_ptr to it.
 struct Mapping {
@@ -74,7 +75,7 @@ struct Entry {
 // Validates one header entry against the data size. Sizes are checked with overflow-safe
 // arithmetic so a hostile shape can neither overflow nor make us allocate anything.
 Entry parse_entry(const std::string& path, const std::string& name, const json& value, uint64_t data_size) {
-  const std::string where = path + ": tensor \"" + name + "\"";
+  const std::string where = path + ": tensor \"" + brief(name) + "\"";
   check(value.is_object(), where, ": header entry is not a JSON object");
 
   Entry e;
@@ -93,20 +94,20 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   uint64_t nonzero_product = 1;
   bool has_zero = false;
   for (const json& d : *shape_it) {
-    check(d.is_number_unsigned(), where, ": shape entries must be non-negative integers, got ", d.dump());
+    if (!d.is_number_unsigned()) fail(where, ": shape entries must be non-negative integers, got ", brief(d.dump()));
     uint64_t dim = d.get<uint64_t>();
     check(dim <= max_elems, where, ": shape dimension ", dim, " is too large");
     if (dim == 0) {
       has_zero = true;
     } else {
-      check(!__builtin_mul_overflow(nonzero_product, dim, &nonzero_product) && nonzero_product <= max_elems,
-            where, ": shape ", shape_it->dump(), " has too many elements");
+      if (__builtin_mul_overflow(nonzero_product, dim, &nonzero_product) || nonzero_product > max_elems)
+        fail(where, ": shape ", brief(shape_it->dump()), " has too many elements");
     }
     e.shape.push_back(int64_t(dim));
   }
   uint64_t nbytes = 0;
-  check(!__builtin_mul_overflow(nonzero_product, uint64_t(dtype_size(e.dtype)), &nbytes), where, ": shape ",
-        shape_it->dump(), " is too large");
+  if (__builtin_mul_overflow(nonzero_product, uint64_t(dtype_size(e.dtype)), &nbytes))
+    fail(where, ": shape ", brief(shape_it->dump()), " is too large");
   if (has_zero) nbytes = 0;
 
   auto off_it = value.find("data_offsets");
@@ -134,32 +135,15 @@ bool write_all(FILE* f, const void* data, size_t size) { return size == 0 || fwr
 
 }  // namespace
 
-std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open safetensors file ", path, ": ", std::strerror(errno));
-  FdCloser closer{fd};
-  struct stat st;
-  if (fstat(fd, &st) != 0) fail("cannot stat safetensors file ", path, ": ", std::strerror(errno));
-  check(S_ISREG(st.st_mode), path, ": not a regular file");
-  const uint64_t file_size = uint64_t(st.st_size);
+std::map<std::string, HostTensor> parse_safetensors(const unsigned char* base, uint64_t file_size,
+                                                    const std::string& path, std::shared_ptr<const void> owner) {
   check(file_size >= 8, path, ": file is ", file_size, " bytes, too short for a safetensors header (needs 8)");
-
-  void* addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (addr == MAP_FAILED) fail("cannot mmap safetensors file ", path, ": ", std::strerror(errno));
-  auto mapping = std::make_shared<const Mapping>(addr, file_size);
-  const auto* base = static_cast<const unsigned char*>(addr);
-
   // Compare against size - 8 rather than computing 8 + N, which could overflow.
   const uint64_t header_len = read_u64_le(base);
   check(header_len <= file_size - 8, path, ": header length ", header_len, " runs past the end of the file (size ",
         file_size, ")");
   const char* header_begin = reinterpret_cast<const char*>(base + 8);
-  json header;
-  try {
-    header = json::parse(header_begin, header_begin + header_len);
-  } catch (const json::exception& e) {
-    fail(path, ": header is not valid JSON: ", e.what());
-  }
+  const json header = parse_json(std::string_view(header_begin, header_len), path + ": header");
   check(header.is_object(), path, ": header is not a JSON object");
 
   const uint64_t data_size = file_size - 8 - header_len;
@@ -178,8 +162,8 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const Entry& prev = *by_offset[i - 1];
     const Entry& cur = *by_offset[i];
-    check(cur.begin >= prev.end, path, ": tensors \"", prev.name, "\" [", prev.begin, ", ", prev.end, ") and \"",
-          cur.name, "\" [", cur.begin, ", ", cur.end, ") overlap");
+    check(cur.begin >= prev.end, path, ": tensors \"", brief(prev.name), "\" [", prev.begin, ", ", prev.end, ") and \"",
+          brief(cur.name), "\" [", cur.begin, ", ", cur.end, ") overlap");
   }
 
   std::map<std::string, HostTensor> out;
@@ -188,9 +172,46 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
     t.dtype = e.dtype;
     t.shape = std::move(e.shape);
     t.data = data + e.begin;
-    t.owner = mapping;
+    t.owner = owner;
     out.emplace(e.name, std::move(t));
   }
+  return out;
+}
+
+std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, ": cannot open safetensors file: ", std::strerror(errno));
+  FdCloser closer{fd};
+  struct stat st;
+  if (fstat(fd, &st) != 0) fail(path, ": cannot stat safetensors file: ", std::strerror(errno));
+  check(S_ISREG(st.st_mode), path, ": not a regular file");
+  const uint64_t file_size = uint64_t(st.st_size);
+  check(file_size >= 8, path, ": file is ", file_size, " bytes, too short for a safetensors header (needs 8)");
+  void* addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (addr == MAP_FAILED) fail(path, ": cannot mmap safetensors file: ", std::strerror(errno));
+  auto mapping = std::make_shared<const Mapping>(addr, file_size);
+  return parse_safetensors(static_cast<const unsigned char*>(addr), file_size, path, mapping);
+}
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(bool(in), path, ": cannot open safetensors file: ", std::strerror(errno));
+  std::error_code ec;
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  check(!ec && file_size >= 8, path, ": not a safetensors file (", ec ? ec.message() : "shorter than 8 bytes", ")");
+  unsigned char len_bytes[8];
+  check(bool(in.read(reinterpret_cast<char*>(len_bytes), 8)), path, ": cannot read the safetensors header length");
+  const uint64_t header_len = read_u64_le(len_bytes);
+  check(header_len <= file_size - 8, path, ": header length ", header_len, " runs past the end of the file (size ",
+        file_size, ")");
+  std::string text(size_t(header_len), '\0');
+  check(bool(in.read(text.data(), std::streamsize(header_len))), path, ": cannot read the safetensors header");
+  const json header = parse_json(text, path + ": header");
+  const JsonValue root(header, path, "header");
+  check(root.is_object(), path, ": header is not a JSON object");
+  std::map<std::string, std::string> out;
+  if (auto meta = root.find("__metadata__"))
+    for (const auto& [key, value] : meta->members()) out[key] = value.string();
   return out;
 }
 
@@ -205,16 +226,7 @@ std::map<std::string, HostTensor> read_safetensors_dir(const std::string& dir) {
   }
 
   const std::string index = index_path.string();
-  std::ifstream in(index, std::ios::binary);
-  check(bool(in), "cannot open ", index);
-  std::stringstream text;
-  text << in.rdbuf();
-  json doc;
-  try {
-    doc = json::parse(text.str());
-  } catch (const json::exception& e) {
-    fail(index, ": not valid JSON: ", e.what());
-  }
+  const json doc = read_json_file(index);
   check(doc.is_object() && doc.contains("weight_map") && doc["weight_map"].is_object(), index,
         ": expected an object with a \"weight_map\" object");
 
@@ -222,19 +234,17 @@ std::map<std::string, HostTensor> read_safetensors_dir(const std::string& dir) {
   std::map<std::string, std::map<std::string, HostTensor>> shards;
   std::map<std::string, HostTensor> out;
   for (const auto& [name, file_json] : doc["weight_map"].items()) {
-    check(file_json.is_string(), index, ": weight_map entry for \"", name, "\" is not a string");
+    check(file_json.is_string(), index, ": weight_map entry for \"", brief(name), "\" is not a string");
     const std::string& file = file_json.get_ref<const std::string&>();
     // Shards live beside the index; a path here would let the index point anywhere.
-    check(!file.empty() && file != "." && file != ".." && file.find('/') == std::string::npos, index,
-          ": shard name \"", file, "\" for tensor \"", name, "\" is not a plain file name");
+    const fs::path shard_path = plain_file_in(dir, file, index + ": weight_map[\"" + brief(name) + "\"]");
     auto shard_it = shards.find(file);
     if (shard_it == shards.end()) {
-      const fs::path shard_path = fs::path(dir) / file;
       check(fs::exists(shard_path, ec), index, ": shard ", file, " (listed for tensor \"", name, "\") is missing");
       shard_it = shards.emplace(file, read_safetensors(shard_path.string())).first;
     }
     auto t = shard_it->second.find(name);
-    check(t != shard_it->second.end(), index, ": tensor \"", name, "\" is listed in shard ", file,
+    check(t != shard_it->second.end(), index, ": tensor \"", brief(name), "\" is listed in shard ", file,
           " but that file does not contain it");
     out.emplace(name, t->second);
   }

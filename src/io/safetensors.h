@@ -4,6 +4,7 @@
 // and is never held twice. Every header entry is validated against the file before use.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,12 @@ namespace meshtune {
 // past the end of the file, header not JSON, unknown dtype, shape/offset disagreement, offsets
 // outside the data, overlapping tensors.
 std::map<std::string, HostTensor> read_safetensors(const std::string& path);
+// The same from a file image in memory (tensors alias `bytes` and hold `owner`): what
+// read_safetensors does after mapping the file; tests and the fuzzer call it directly.
+std::map<std::string, HostTensor> parse_safetensors(const unsigned char* bytes, uint64_t size, const std::string& path,
+                                                    std::shared_ptr<const void> owner = {});
+// The header's "__metadata__" (string → string), reading the header only; errors name the file.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 
 // The tensors of a Hugging Face checkpoint directory: `model.safetensors`, or the shards listed in
 // `model.safetensors.index.json` ({"weight_map": {name: file}}). Errors name the directory/file.

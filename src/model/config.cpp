@@ -4,10 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace meshtune {
-
-using json = nlohmann::json;
 
 bool GemmaConfig::is_sliding(int layer) const {
   if (!use_sliding_window_attention) return false;
@@ -32,6 +31,10 @@ long long GemmaConfig::num_parameters() const {
   return (long long)vocab_size * D + num_layers * per_layer + D;
 }
 
+// Ranges for the integers of a config: anything outside is refused before it is narrowed to int.
+constexpr int64_t kMaxVocab = int64_t(1) << 24, kMaxHidden = int64_t(1) << 16, kMaxLayers = 4096,
+                  kMaxHeads = 4096, kMaxHeadDim = 4096, kMaxFfw = int64_t(1) << 21, kMaxWindow = int64_t(1) << 24;
+
 void GemmaConfig::validate(const std::string& source) const {
   auto positive = [&](long long v, const char* name) {
     check(v > 0, source, ": ", name, " must be positive, got ", v);
@@ -46,125 +49,125 @@ void GemmaConfig::validate(const std::string& source) const {
   check(head_dim % 2 == 0, source, ": head_dim must be even for RoPE, got ", head_dim);
   check(num_query_heads % num_key_value_heads == 0, source, ": num_query_heads (", num_query_heads,
         ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")");
-  check(query_scale_dim > 0, source, ": query scaling dimension must be positive");
+  check(std::isfinite(query_scale_dim) && query_scale_dim > 0, source, ": query scaling dimension must be positive");
+  check(std::isfinite(layer_norm_epsilon) && layer_norm_epsilon > 0, source, ": layer_norm_epsilon must be positive");
+  check(std::isfinite(attention_logit_soft_cap) && attention_logit_soft_cap >= 0 && std::isfinite(final_logit_soft_cap) &&
+            final_logit_soft_cap >= 0,
+        source, ": soft caps must be non-negative");
+  check(std::isfinite(rope_local_base) && rope_local_base > 0 && std::isfinite(rope_global_base) && rope_global_base > 0 &&
+            rope_local_scaling > 0 && rope_global_scaling > 0,
+        source, ": RoPE bases and scaling factors must be positive");
+  check(max_sequence_length > 0, source, ": the maximum sequence length must be positive");
   check(!use_sliding_window_attention || sliding_window_size > 0, source,
         ": sliding_window_size must be positive when sliding windows are used");
-  check(vocab_size <= (1 << 24) && hidden_dim <= (1 << 16) && num_layers <= 4096 && ffw_dim <= (1 << 20) &&
-            head_dim <= 4096 && num_query_heads <= 4096,
+  check(vocab_size <= kMaxVocab && hidden_dim <= kMaxHidden && num_layers <= kMaxLayers && ffw_dim <= kMaxFfw &&
+            head_dim <= kMaxHeadDim && num_query_heads <= kMaxHeads,
         source, ": implausible model dimensions");
 }
 
-// JSON helpers: a required integer / optional value, with errors naming the file and key.
-static long long get_int(const json& c, const char* key, const std::string& source) {
-  check(c.contains(key) && c[key].is_number_integer(), source, ": missing or non-integer \"", key, "\"");
-  return c[key].get<long long>();
-}
-static double get_num(const json& c, const char* key, double fallback) {
-  if (!c.contains(key) || c[key].is_null()) return fallback;
-  return c[key].get<double>();
-}
-static bool get_bool(const json& c, const char* key, bool fallback) {
-  if (!c.contains(key) || c[key].is_null()) return fallback;
-  return c[key].get<bool>();
+// The dtype a Keras config declares: a string, or a DTypePolicy object {"config": {"name": …}}.
+static std::string keras_dtype(const JsonValue& c) {
+  auto dtype = c.find("dtype");
+  if (!dtype) return "float32";
+  if (dtype->is_string()) return dtype->string();
+  if (!dtype->is_object()) dtype->fail("must be a string or a DTypePolicy object");
+  auto config = dtype->find("config");
+  if (!config) return "float32";
+  return config->string_or("name", "float32");
 }
 
 GemmaConfig GemmaConfig::from_keras_json(const json& j, const std::string& source) {
-  check(j.is_object() && j.contains("config") && j["config"].is_object(), source,
+  const JsonValue root(j, source);
+  check(root.is_object() && root.has("config") && root["config"].is_object(), source,
         ": not a Keras backbone config (no \"config\" object)");
-  std::string cls = j.value("class_name", "");
-  check(cls == "GemmaBackbone" || cls == "Gemma3Backbone", source, ": unsupported backbone class \"", cls,
+  const std::string cls = root.string_or("class_name", "");
+  check(cls == "GemmaBackbone" || cls == "Gemma3Backbone", source, ": unsupported backbone class \"", brief(cls),
         "\" (expected GemmaBackbone or Gemma3Backbone)");
-  const json& c = j["config"];
+  const JsonValue c = root["config"];
   GemmaConfig g;
-  try {
-    g.vocab_size = int(get_int(c, "vocabulary_size", source));
-    g.num_layers = int(get_int(c, "num_layers", source));
-    g.num_query_heads = int(get_int(c, "num_query_heads", source));
-    g.num_key_value_heads = int(get_int(c, "num_key_value_heads", source));
-    g.hidden_dim = int(get_int(c, "hidden_dim", source));
-    g.head_dim = int(get_int(c, "head_dim", source));
-    long long intermediate = get_int(c, "intermediate_dim", source);
-    g.layer_norm_epsilon = float(get_num(c, "layer_norm_epsilon", 1e-6));
-    g.query_head_dim_normalize = get_bool(c, "query_head_dim_normalize", true);
-    g.use_post_attention_norm = get_bool(c, "use_post_attention_norm", false);
-    g.use_post_ffw_norm = get_bool(c, "use_post_ffw_norm", false);
-    g.final_logit_soft_cap = float(get_num(c, "final_logit_soft_cap", 0));
-    g.attention_logit_soft_cap = float(get_num(c, "attention_logit_soft_cap", 0));
-    g.use_sliding_window_attention = get_bool(c, "use_sliding_window_attention", false);
-    g.sliding_window_size = int(get_num(c, "sliding_window_size", 0));
-    if (c.contains("dtype") && c["dtype"].is_object()) g.stored_dtype = c["dtype"]["config"].value("name", "float32");
-    else if (c.contains("dtype") && c["dtype"].is_string()) g.stored_dtype = c["dtype"].get<std::string>();
-    if (cls == "Gemma3Backbone") {
-      g.family = 3;
-      g.ffw_dim = int(intermediate);
-      g.use_query_key_norm = get_bool(c, "use_query_key_norm", true);
-      g.rope_local_scaling = float(get_num(c, "local_rope_scaling_factor", 1.0));
-      g.rope_global_scaling = float(get_num(c, "global_rope_scaling_factor", 1.0));
-      g.rope_global_base = 1e6f;
-      check(c.value("vision_encoder", json()).is_null(), source, ": Gemma 3 vision presets are not supported (text only)");
-    } else {
-      g.family = (g.use_post_attention_norm || g.use_post_ffw_norm || g.attention_logit_soft_cap > 0) ? 2 : 1;
-      check(intermediate % 2 == 0, source, ": intermediate_dim must be even for Gemma 1/2, got ", intermediate);
-      g.ffw_dim = int(intermediate / 2);
-    }
-  } catch (const json::exception& e) {
-    fail(source, ": bad config value: ", e.what());
+  g.vocab_size = c["vocabulary_size"].to_int(1, kMaxVocab);
+  g.num_layers = c["num_layers"].to_int(1, kMaxLayers);
+  g.num_query_heads = c["num_query_heads"].to_int(1, kMaxHeads);
+  g.num_key_value_heads = c["num_key_value_heads"].to_int(1, kMaxHeads);
+  g.hidden_dim = c["hidden_dim"].to_int(1, kMaxHidden);
+  g.head_dim = c["head_dim"].to_int(1, kMaxHeadDim);
+  const int64_t intermediate = c["intermediate_dim"].integer(1, 2 * kMaxFfw);
+  g.layer_norm_epsilon = float(c.number_or("layer_norm_epsilon", 1e-6));
+  g.query_head_dim_normalize = c.boolean_or("query_head_dim_normalize", true);
+  g.use_post_attention_norm = c.boolean_or("use_post_attention_norm", false);
+  g.use_post_ffw_norm = c.boolean_or("use_post_ffw_norm", false);
+  g.final_logit_soft_cap = float(c.number_or("final_logit_soft_cap", 0));
+  g.attention_logit_soft_cap = float(c.number_or("attention_logit_soft_cap", 0));
+  g.use_sliding_window_attention = c.boolean_or("use_sliding_window_attention", false);
+  g.sliding_window_size = int(c.integer_or("sliding_window_size", 0, 0, kMaxWindow));
+  g.stored_dtype = keras_dtype(c);
+  if (cls == "Gemma3Backbone") {
+    g.family = 3;
+    g.ffw_dim = int(intermediate);
+    g.use_query_key_norm = c.boolean_or("use_query_key_norm", true);
+    g.rope_local_scaling = float(c.number_or("local_rope_scaling_factor", 1.0));
+    g.rope_global_scaling = float(c.number_or("global_rope_scaling_factor", 1.0));
+    g.rope_global_base = 1e6f;
+    g.max_sequence_length = kGemma3MaxPositions;
+    check(!c.has("vision_encoder"), source, ": Gemma 3 vision presets are not supported (text only)");
+  } else {
+    g.family = (g.use_post_attention_norm || g.use_post_ffw_norm || g.attention_logit_soft_cap > 0) ? 2 : 1;
+    check(intermediate % 2 == 0, source, ": config.intermediate_dim must be even for Gemma 1/2, got ", intermediate);
+    g.ffw_dim = int(intermediate / 2);
+    g.max_sequence_length = kGemma12MaxPositions;
   }
-  g.query_scale_dim = g.query_head_dim_normalize ? float(g.head_dim)
-                                                 : float(g.hidden_dim) / float(std::max(1, g.num_query_heads));
+  g.query_scale_dim = g.query_head_dim_normalize ? float(g.head_dim) : float(g.hidden_dim) / float(g.num_query_heads);
   g.validate(source);
   return g;
 }
 
 GemmaConfig GemmaConfig::from_hf_json(const json& j_in, const std::string& source) {
-  check(j_in.is_object(), source, ": not a JSON object");
-  std::string type = j_in.value("model_type", "");
-  const json* jp = &j_in;
-  if (type == "gemma3" && j_in.contains("text_config")) {
-    jp = &j_in["text_config"];
+  const JsonValue root(j_in, source);
+  check(root.is_object(), source, ": not a JSON object");
+  std::string type = root.string_or("model_type", "");
+  JsonValue j = root;
+  if (type == "gemma3" && root.has("text_config")) {
+    j = root["text_config"];
+    check(j.is_object(), j.where(), ": must be an object");
     type = "gemma3_text";
   }
-  const json& j = *jp;
   GemmaConfig g;
   if (type == "gemma") g.family = 1;
   else if (type == "gemma2") g.family = 2;
   else if (type == "gemma3_text") g.family = 3;
-  else fail(source, ": unsupported model_type \"", type, "\" (expected gemma, gemma2, gemma3_text or gemma3)");
-  try {
-    g.vocab_size = int(get_int(j, "vocab_size", source));
-    g.num_layers = int(get_int(j, "num_hidden_layers", source));
-    g.num_query_heads = int(get_int(j, "num_attention_heads", source));
-    g.num_key_value_heads = int(j.contains("num_key_value_heads") ? get_int(j, "num_key_value_heads", source)
-                                                                 : g.num_query_heads);
-    g.hidden_dim = int(get_int(j, "hidden_size", source));
-    g.head_dim = int(j.contains("head_dim") ? get_int(j, "head_dim", source) : g.hidden_dim / g.num_query_heads);
-    g.ffw_dim = int(get_int(j, "intermediate_size", source));
-    g.layer_norm_epsilon = float(get_num(j, "rms_norm_eps", 1e-6));
-    g.query_scale_dim = float(get_num(j, "query_pre_attn_scalar", g.head_dim));
-    g.query_head_dim_normalize = g.query_scale_dim == float(g.head_dim);
-    g.rope_local_base = float(get_num(j, "rope_theta", 10000.0));
-    g.rope_global_base = g.rope_local_base;
-    if (g.family >= 2) {
-      g.use_post_attention_norm = g.use_post_ffw_norm = true;
-      g.attention_logit_soft_cap = float(get_num(j, "attn_logit_softcapping", 0));
-      g.final_logit_soft_cap = float(get_num(j, "final_logit_softcapping", 0));
-      g.sliding_window_size = int(get_num(j, "sliding_window", 0));
-      g.use_sliding_window_attention = g.sliding_window_size > 0;
-    }
-    if (g.family == 3) {
-      g.use_query_key_norm = true;
-      g.rope_global_base = float(get_num(j, "rope_theta", 1e6));
-      g.rope_local_base = float(get_num(j, "rope_local_base_freq", 10000.0));
-      if (j.contains("rope_scaling") && j["rope_scaling"].is_object())
-        g.rope_global_scaling = float(get_num(j["rope_scaling"], "factor", 1.0));
-      int pattern = int(get_num(j, "sliding_window_pattern", 6));
-      check(pattern == 6 || !g.use_sliding_window_attention, source, ": sliding_window_pattern ", pattern,
-            " is not supported (Gemma 3 uses 6)");
-    }
-    g.stored_dtype = j.value("torch_dtype", "float32");
-  } catch (const json::exception& e) {
-    fail(source, ": bad config value: ", e.what());
+  else fail(source, ": unsupported model_type \"", brief(type), "\" (expected gemma, gemma2, gemma3_text or gemma3)");
+  g.vocab_size = j["vocab_size"].to_int(1, kMaxVocab);
+  g.num_layers = j["num_hidden_layers"].to_int(1, kMaxLayers);
+  g.num_query_heads = j["num_attention_heads"].to_int(1, kMaxHeads);
+  g.num_key_value_heads = int(j.integer_or("num_key_value_heads", g.num_query_heads, 1, kMaxHeads));
+  g.hidden_dim = j["hidden_size"].to_int(1, kMaxHidden);
+  g.head_dim = int(j.integer_or("head_dim", g.hidden_dim / g.num_query_heads, 1, kMaxHeadDim));
+  g.ffw_dim = j["intermediate_size"].to_int(1, kMaxFfw);
+  g.layer_norm_epsilon = float(j.number_or("rms_norm_eps", 1e-6));
+  g.query_scale_dim = float(j.number_or("query_pre_attn_scalar", g.head_dim));
+  g.query_head_dim_normalize = g.query_scale_dim == float(g.head_dim);
+  g.rope_local_base = float(j.number_or("rope_theta", 10000.0));
+  g.rope_global_base = g.rope_local_base;
+  g.max_sequence_length = int(j.integer_or("max_position_embeddings",
+                                           g.family == 3 ? kGemma3MaxPositions : kGemma12MaxPositions, 1, kMaxPositions));
+  if (g.family >= 2) {
+    g.use_post_attention_norm = g.use_post_ffw_norm = true;
+    g.attention_logit_soft_cap = float(j.number_or("attn_logit_softcapping", 0));
+    g.final_logit_soft_cap = float(j.number_or("final_logit_softcapping", 0));
+    g.sliding_window_size = int(j.integer_or("sliding_window", 0, 0, kMaxWindow));
+    g.use_sliding_window_attention = g.sliding_window_size > 0;
   }
+  if (g.family == 3) {
+    g.use_query_key_norm = true;
+    g.rope_global_base = float(j.number_or("rope_theta", 1e6));
+    g.rope_local_base = float(j.number_or("rope_local_base_freq", 10000.0));
+    if (auto scaling = j.find("rope_scaling"); scaling && scaling->is_object())
+      g.rope_global_scaling = float(scaling->number_or("factor", 1.0));
+    const int64_t pattern = j.integer_or("sliding_window_pattern", 6, 0, kMaxLayers);
+    check(pattern == 6 || !g.use_sliding_window_attention, source, ": sliding_window_pattern ", pattern,
+          " is not supported (Gemma 3 uses 6)");
+  }
+  g.stored_dtype = j.string_or("torch_dtype", "float32");
   g.validate(source);
   return g;
 }
@@ -229,6 +232,7 @@ json GemmaConfig::to_hf_json() const {
             {"eos_token_id", 1},
             {"bos_token_id", 2},
             {"torch_dtype", "float32"},
+            {"max_position_embeddings", max_sequence_length},
             {"query_pre_attn_scalar", double(query_scale_dim)}};
   if (family >= 2) {
     j["attn_logit_softcapping"] = attention_logit_soft_cap > 0 ? json(double(attention_logit_soft_cap)) : json();

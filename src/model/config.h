@@ -7,6 +7,8 @@
 
 namespace meshtune {
 
+inline constexpr int kGemma12MaxPositions = 8192, kGemma3MaxPositions = 131072, kMaxPositions = 1 << 20;
+
 struct GemmaConfig {
   int family = 1;  // 1, 2 or 3
   int vocab_size = 0;
@@ -33,6 +35,9 @@ struct GemmaConfig {
   float rope_local_scaling = 1.f;
   float rope_global_scaling = 1.f;
   std::string stored_dtype = "float32";  // the dtype the file declared (informational)
+  // The longest sequence (prompt + generation, or a training row) the model was trained for: HF
+  // max_position_embeddings, else the family's (8192 for Gemma 1/2, 131072 for Gemma 3).
+  int max_sequence_length = kGemma12MaxPositions;
 
   // Layer i attends within a sliding window (Gemma 2: even layers; Gemma 3: five local, one global).
   bool is_sliding(int layer) const;

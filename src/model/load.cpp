@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "io/keras_h5.h"
 #include "io/safetensors.h"
 #include "model/variables.h"
@@ -15,17 +16,6 @@
 namespace meshtune {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
-
-static json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  check(bool(in), path, ": cannot open");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail(path, ": not valid JSON: ", e.what());
-  }
-}
 
 std::string resolve_model_path(const std::string& model, const std::string& models_dir) {
   if (fs::is_directory(model)) return model;
@@ -67,15 +57,18 @@ ModelDir inspect_model_dir(const std::string& dir) {
   const bool has_h5 = fs::exists(fs::path(dir) / "model.weights.h5") || fs::exists(fs::path(dir) / "model.weights.json");
   const bool has_st = fs::exists(fs::path(dir) / "model.safetensors") ||
                       fs::exists(fs::path(dir) / "model.safetensors.index.json");
+  check(config.is_object(), m.config_path, ": not a JSON object");
   if (config.contains("class_name")) {
     m.format = ModelFormat::Keras;
     check(has_h5, dir, ": Keras preset without model.weights.h5 or model.weights.json");
     m.tokenizer_path = (fs::path(dir) / "assets/tokenizer/vocabulary.spm").string();
     fs::path pre = fs::path(dir) / "preprocessor.json";
     if (fs::exists(pre)) {
-      json p = read_json_file(pre.string());
-      if (p.contains("config") && p["config"].contains("sequence_length") && p["config"]["sequence_length"].is_number_integer())
-        m.sequence_length = p["config"]["sequence_length"].get<int>();
+      const json p = read_json_file(pre.string());
+      const JsonValue preprocessor(p, pre.string());
+      if (preprocessor.is_object())
+        if (auto c = preprocessor.find("config"); c && c->is_object())
+          m.sequence_length = int(c->integer_or("sequence_length", m.sequence_length, 1, kMaxPositions));
     }
   } else if (config.contains("model_type")) {
     m.format = ModelFormat::HuggingFace;

@@ -144,7 +144,10 @@ std::vector<Slot> parse_lora_targets(const std::vector<std::string>& names) {
 
 LoraWeights enable_lora(const GemmaConfig& config, int rank, const std::vector<Slot>& targets, uint64_t seed,
                         double alpha) {
-  check(rank > 0, "LoRA rank must be positive, got ", rank);
+  // A rank above the hidden size adds parameters but no expressiveness (ΔW has at most that rank),
+  // and bounds what a mistyped rank can allocate.
+  check(rank > 0 && rank <= config.hidden_dim, "LoRA rank ", rank, " is outside [1, ", config.hidden_dim,
+        "] (at most the model's hidden size)");
   check(alpha >= 0, "LoRA alpha must be positive, got ", alpha);
   LoraWeights w;
   w.rank = rank;

@@ -4,20 +4,21 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <regex>
+#include <optional>
 
 #include "core/error.h"
 #include "core/file_util.h"
+#include "core/json.h"
+#include "core/user_regex.h"
 #include "io/keras_h5.h"
 #include "io/safetensors.h"
 
 namespace meshtune {
 
 namespace fs = std::filesystem;
-using json = nlohmann::json;
-
 namespace {
+
+constexpr int kMaxPeftRank = 1 << 20;
 
 const std::vector<Slot> kAdaptable = {Slot::Query,      Slot::Key,        Slot::Value,    Slot::AttentionOutput,
                                       Slot::FfwGating, Slot::FfwGating2, Slot::FfwLinear};
@@ -136,30 +137,59 @@ PeftFactors to_peft(const GemmaConfig& config, const LoraAdapter& ad, double sca
   return f;
 }
 
-// PEFT's pattern rule: a rank_pattern/alpha_pattern key matches a module name as the regex
-// (.*\.)?key$; an exact name wins over a regex.
-const json* find_pattern(const json& patterns, const std::string& module) {
-  if (!patterns.is_object()) return nullptr;
-  if (patterns.contains(module)) return &patterns[module];
-  for (auto it = patterns.begin(); it != patterns.end(); ++it) {
-    bool match = false;
-    try {
-      match = std::regex_match(module, std::regex("(.*\\.)?(" + it.key() + ")"));
-    } catch (const std::regex_error&) {
-      match = ends_with(module, "." + it.key());
+// PEFT's rank_pattern / alpha_pattern: each key is a regex matched against a module name as
+// (.*\.)?(key)$ (PEFT's get_pattern_key); an exact name wins over a regex. Compiled once (RE2).
+struct ModulePatterns {
+  std::vector<std::pair<UserRegex, JsonValue>> rules;
+  std::map<std::string, JsonValue> exact;
+
+  ModulePatterns(const JsonValue& config, const std::string& field) {
+    auto patterns = config.find(field);
+    if (!patterns) return;
+    if (!patterns->is_object()) patterns->fail("must be an object {module regex: value}");
+    for (const auto& [key, value] : patterns->members()) {
+      exact.emplace(key, value);
+      rules.emplace_back(UserRegex("(.*\\.)?(" + key + ")", value.where() + " (key of " + field + ")"), value);
     }
-    if (match) return &it.value();
   }
-  return nullptr;
+  std::optional<JsonValue> find(const std::string& module) const {
+    if (auto it = exact.find(module); it != exact.end()) return it->second;
+    for (const auto& [regex, value] : rules)
+      if (regex.full_match(module)) return value;
+    return std::nullopt;
+  }
+};
+
+// Reads the decimal digits at s[pos…] (at most 8, so no overflow); returns false if there are none.
+bool read_index(const std::string& s, size_t& pos, int& out) {
+  const size_t begin = pos;
+  out = 0;
+  while (pos < s.size() && pos - begin < 9 && s[pos] >= '0' && s[pos] <= '9') out = out * 10 + (s[pos++] - '0');
+  return pos > begin && pos - begin < 9;
 }
 
-json read_json(const std::string& path) {
-  const std::string text = read_file(path);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    fail(path, ": not valid JSON: ", e.what());
-  }
+bool starts_with(const std::string& s, size_t pos, const std::string& prefix) { return s.compare(pos, prefix.size(), prefix) == 0; }
+
+// "lora/<idx>/vars/lora_kernel_a|b" → (idx, 'a'|'b').
+bool parse_keras_lora_name(const std::string& name, int& index, char& which) {
+  size_t pos = 5;
+  if (!starts_with(name, 0, "lora/") || !read_index(name, pos, index)) return false;
+  if (!starts_with(name, pos, "/vars/lora_kernel_") || name.size() != pos + 19) return false;
+  which = name.back();
+  return which == 'a' || which == 'b';
+}
+
+// "base_model.model.model.layers.<i>.<module>.lora_A|lora_B.weight" → (i, module, 'A'|'B').
+bool parse_peft_name(const std::string& name, int& layer, std::string& module, char& which) {
+  const std::string prefix = "base_model.model.model.layers.", suffix_a = ".lora_A.weight", suffix_b = ".lora_B.weight";
+  size_t pos = prefix.size();
+  if (!starts_with(name, 0, prefix) || !read_index(name, pos, layer) || pos >= name.size() || name[pos] != '.') return false;
+  const bool a = ends_with(name, suffix_a), b = ends_with(name, suffix_b);
+  if (!a && !b) return false;
+  if (name.size() < pos + 1 + suffix_a.size() + 1) return false;
+  module = name.substr(pos + 1, name.size() - suffix_a.size() - pos - 1);
+  which = a ? 'A' : 'B';
+  return true;
 }
 
 }  // namespace
@@ -231,13 +261,10 @@ LoraWeights load_keras_lora(const std::string& path, const GemmaConfig& config) 
   std::map<int, LoraAdapter> found;  // by index, so adapters come out in file order
   for (const auto& [name, t] : ds) {
     if (name == "lora/vars/rank") continue;
-    // lora/<idx>/vars/lora_kernel_a|b
-    static const std::regex pattern("lora/([0-9]+)/vars/lora_kernel_(a|b)");
-    std::smatch m;
-    check(std::regex_match(name, m, pattern), path, ": unexpected dataset ", name,
+    int idx = 0;
+    char which = 0;
+    check(parse_keras_lora_name(name, idx, which), path, ": unexpected dataset ", brief(name),
           " (a .lora.h5 holds lora/vars/rank and lora/<idx>/vars/lora_kernel_a|b)");
-    check(m[1].str().size() < 9, path, ": dataset ", name, ": layer index out of range");
-    const int idx = std::stoi(m[1].str());
     auto target = targets.find(idx);
     check(target != targets.end(), path, ": dataset ", name, ": index ", idx,
           " is not a query/key/value/attention_output/FFW kernel of this model (", config.num_layers,
@@ -249,7 +276,7 @@ LoraWeights load_keras_lora(const std::string& path, const GemmaConfig& config) 
     ad.style = LoraStyle::Keras;
     ad.rank = int(rank);
     const Kernel k = kernel_of(config, ad.slot);
-    const bool is_a = m[2].str() == "a";
+    const bool is_a = which == 'a';
     const Shape want = is_a ? keras_a_shape(k, rank) : Shape{rank, k.keras_shape.back()};
     if (t.shape != want) {
       const int64_t t_rank = t.shape.empty() ? -1 : (is_a ? t.shape.back() : t.shape.front());
@@ -333,50 +360,45 @@ LoraWeights load_peft_adapter(const std::string& dir, const GemmaConfig& config)
   const std::string config_path = (fs::path(dir) / "adapter_config.json").string();
   const std::string weights_path = (fs::path(dir) / "adapter_model.safetensors").string();
   check(fs::exists(config_path), dir, ": no adapter_config.json (not a PEFT adapter directory)");
-  json cfg = read_json(config_path);
+  const json cfg_json = read_json_file(config_path);
+  const JsonValue cfg(cfg_json, config_path);
   check(cfg.is_object(), config_path, ": expected a JSON object");
-  check(cfg.value("peft_type", std::string("LORA")) == "LORA", config_path, ": peft_type is ",
-        cfg.value("peft_type", std::string()), ", only LORA is supported");
-  check(!cfg.value("fan_in_fan_out", false), config_path, ": fan_in_fan_out=true is not supported (Gemma uses nn.Linear)");
-  check(!cfg.value("use_dora", false), config_path, ": DoRA adapters (use_dora=true) are not supported");
-  const bool rslora = cfg.value("use_rslora", false);
-  check(!cfg.contains("r") || cfg["r"].is_number_integer(), config_path, ": r must be an integer");
-  check(!cfg.contains("lora_alpha") || cfg["lora_alpha"].is_number(), config_path, ": lora_alpha must be a number");
-  // PEFT's defaults when a key is absent.
-  const int r = cfg.value("r", 8);
-  const double lora_alpha = cfg.value("lora_alpha", 8.0);
-  check(r > 0, config_path, ": r must be positive, got ", r);
+  const std::string peft_type = cfg.string_or("peft_type", "LORA");
+  check(peft_type == "LORA", config_path, ": peft_type is ", brief(peft_type), ", only LORA is supported");
+  check(!cfg.boolean_or("fan_in_fan_out", false), config_path, ": fan_in_fan_out=true is not supported (Gemma uses nn.Linear)");
+  check(!cfg.boolean_or("use_dora", false), config_path, ": DoRA adapters (use_dora=true) are not supported");
+  const bool rslora = cfg.boolean_or("use_rslora", false);
+  // PEFT's defaults when a key is absent. Ranks are bounded by the tensors they must match.
+  const int r = int(cfg.integer_or("r", 8, 1, kMaxPeftRank));
+  const double lora_alpha = cfg.number_or("lora_alpha", 8.0);
   check(lora_alpha > 0, config_path, ": lora_alpha must be positive, got ", lora_alpha);
-  const json rank_pattern = cfg.value("rank_pattern", json::object());
-  const json alpha_pattern = cfg.value("alpha_pattern", json::object());
+  const ModulePatterns rank_pattern(cfg, "rank_pattern"), alpha_pattern(cfg, "alpha_pattern");
   auto peft_scale = [&](double alpha, int rank) { return alpha / (rslora ? std::sqrt(double(rank)) : double(rank)); };
   const double scale = peft_scale(lora_alpha, r);
 
   check(fs::exists(weights_path), dir, ": no adapter_model.safetensors (adapter_model.bin is not supported)");
   std::map<std::string, HostTensor> tensors = read_safetensors(weights_path);
 
-  // base_model.model.model.layers.<i>.<module>.lora_A|lora_B.weight
-  static const std::regex name_re("base_model\\.model\\.model\\.layers\\.([0-9]+)\\.(.+)\\.lora_(A|B)\\.weight");
   std::map<std::pair<int, int>, std::pair<const HostTensor*, const HostTensor*>> modules;  // (layer, slot) → A, B
   std::map<std::pair<int, int>, std::string> a_names;
   for (const auto& [name, t] : tensors) {
-    std::smatch m;
-    check(std::regex_match(name, m, name_re), weights_path, ": unexpected tensor ", name,
+    int layer = 0;
+    std::string module;
+    char which = 0;
+    check(parse_peft_name(name, layer, module, which), weights_path, ": unexpected tensor ", brief(name),
           " (expected base_model.model.model.layers.<i>.<module>.lora_A|lora_B.weight)");
-    check(m[1].str().size() < 9, weights_path, ": tensor ", name, ": layer index out of range");
-    const int layer = std::stoi(m[1].str());
     check(layer < config.num_layers, weights_path, ": tensor ", name, " is for layer ", layer, ", but the model has ",
           config.num_layers, " layers");
     const Slot* slot = nullptr;
     for (const Slot& s : kAdaptable)
-      if (m[2].str() == hf_module(s)) slot = &s;
-    check(slot != nullptr, weights_path, ": tensor ", name, ": unknown module ", m[2].str(),
+      if (module == hf_module(s)) slot = &s;
+    check(slot != nullptr, weights_path, ": tensor ", name, ": unknown module ", brief(module),
           " (expected self_attn.q_proj|k_proj|v_proj|o_proj or mlp.gate_proj|up_proj|down_proj)");
     check(is_float(t.dtype), weights_path, ": tensor ", name, " has dtype ", dtype_name(t.dtype),
           ", expected a floating-point type");
     auto& entry = modules[{layer, int(*slot)}];
-    (m[3].str() == "A" ? entry.first : entry.second) = &t;
-    if (m[3].str() == "A") a_names[{layer, int(*slot)}] = name;
+    (which == 'A' ? entry.first : entry.second) = &t;
+    if (which == 'A') a_names[{layer, int(*slot)}] = name;
   }
 
   LoraWeights w;
@@ -391,13 +413,10 @@ LoraWeights load_peft_adapter(const std::string& dir, const GemmaConfig& config)
     const HostTensor& A = *ab.first;
     const HostTensor& B = *ab.second;
     const Kernel k = kernel_of(config, slot);
-    const json* rp = find_pattern(rank_pattern, module);
-    const json* ap = find_pattern(alpha_pattern, module);
-    check(!rp || rp->is_number_integer(), config_path, ": rank_pattern entry for ", module, " is not an integer");
-    check(!ap || ap->is_number(), config_path, ": alpha_pattern entry for ", module, " is not a number");
-    const int rank = rp ? rp->get<int>() : r;
-    const double alpha = ap ? ap->get<double>() : lora_alpha;
-    check(rank > 0, config_path, ": rank for ", module, " must be positive");
+    const std::optional<JsonValue> rp = rank_pattern.find(module), ap = alpha_pattern.find(module);
+    const int rank = rp ? rp->to_int(1, kMaxPeftRank) : r;
+    const double alpha = ap ? ap->number() : lora_alpha;
+    check(alpha > 0, config_path, ": alpha for ", module, " must be positive");
     const Shape want_a = {rank, k.cols}, want_b = {k.rows, rank};
     check(A.shape == want_a, weights_path, ": tensor ", base_name, ".lora_A.weight has shape ", shape_str(A.shape),
           ", but ", config_path, " (rank ", rank, ") and the model (", k.rows, "x", k.cols, " ", hf_module(slot),

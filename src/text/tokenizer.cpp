@@ -63,7 +63,7 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-std::vector<int> Tokenizer::encode(const std::string& text) const {
+std::vector<int> Tokenizer::encode(std::string_view text) const {
   std::vector<int> ids;
   const auto status = processor_->Encode(text, &ids);
   if (!status.ok()) fail("tokenizer ", path_, ": cannot encode text: ", status.ToString());

@@ -18,7 +18,7 @@ class Tokenizer {
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
-  std::vector<int> encode(const std::string& text) const;
+  std::vector<int> encode(std::string_view text) const;
   std::vector<std::string> encode_pieces(const std::string& text) const;
   // Detokenizes ids as they are (the caller drops special ids first, as Keras generate does).
   std::string decode(const std::vector<int>& ids) const;

@@ -41,23 +41,14 @@ AdamW::AdamW(const AdamWOptions& options, const std::vector<Parameter>& params) 
   check(options.clipnorm >= 0 && options.clipvalue >= 0 && options.global_clipnorm >= 0,
         "AdamW: clipnorm, clipvalue and global_clipnorm must not be negative");
 
-  // Keras joins the names into one regex; an empty list means no exclusion at all.
+  // Keras joins the names into one regex (re.search); an empty list means no exclusion at all.
   if (!options.exclude_from_weight_decay.empty()) {
     for (const auto& name : options.exclude_from_weight_decay) {
-      try {
-        std::regex single(name, std::regex::ECMAScript);
-      } catch (const std::regex_error& e) {
-        fail("AdamW: exclude_from_weight_decay pattern \"", name, "\" is not a valid regex: ", e.what());
-      }
+      UserRegex single(name, "AdamW: exclude_from_weight_decay pattern \"" + brief(name) + "\"");
       if (!exclude_regex_.empty()) exclude_regex_ += "|";
       exclude_regex_ += name;
     }
-    try {
-      exclude_ = std::regex(exclude_regex_, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      fail("AdamW: exclude_from_weight_decay regex \"", exclude_regex_, "\" is not valid: ", e.what());
-    }
-    has_exclude_ = true;
+    exclude_.emplace(exclude_regex_, "AdamW: exclude_from_weight_decay regex \"" + brief(exclude_regex_) + "\"");
   }
 
   momentums.reserve(params.size());
@@ -69,8 +60,7 @@ AdamW::AdamW(const AdamWOptions& options, const std::vector<Parameter>& params) 
 }
 
 bool AdamW::decays(const Parameter& p) const {
-  if (!has_exclude_) return true;
-  return !std::regex_search(p.name, exclude_);
+  return !exclude_ || !exclude_->search(p.name);
 }
 
 void AdamW::step(const std::vector<Parameter>& params, double lr_value) {

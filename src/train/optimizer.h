@@ -7,10 +7,11 @@
 #pragma once
 #include <cstdint>
 #include <functional>
-#include <regex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/user_regex.h"
 #include "train/parameter.h"
 
 namespace meshtune {
@@ -43,8 +44,7 @@ class AdamW {
  private:
   AdamWOptions options_;
   std::string exclude_regex_;
-  std::regex exclude_;         // compiled exclude_regex_, used only when has_exclude_
-  bool has_exclude_ = false;  // an empty exclusion list excludes nothing (Keras: pattern None)
+  std::optional<UserRegex> exclude_;  // compiled exclude_regex_; none: an empty list excludes nothing (Keras: None)
 };
 
 struct LearningRateSchedule {

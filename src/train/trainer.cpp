@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file_util.h"
-#include <filesystem>
+#include "core/json.h"
 #include "dist/sharded_model.h"
 #include "io/safetensors.h"
 #include "model/variables.h"
@@ -21,7 +23,6 @@
 
 namespace meshtune {
 
-using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 // A variable's value storage (fp32 and writable for trainable variables) and the gradient pointer
@@ -556,83 +557,174 @@ void Trainer::save_checkpoint(const std::string& path) const {
   }
 }
 
-// The files of a checkpoint: the file itself, or every rank's file named by a sharded manifest.
-static std::vector<std::string> checkpoint_files(const std::string& manifest_or_file) {
-  if (read_file(manifest_or_file).substr(0, 1) != "{") return {manifest_or_file};
-  json manifest = json::parse(read_file(manifest_or_file));
-  check(manifest.value("format", "") == "meshtune-sharded-checkpoint-1" && manifest.contains("files"),
-        manifest_or_file, ": not a meshtune sharded-checkpoint manifest");
-  std::vector<std::string> files;
-  for (const auto& name : manifest["files"])
-    files.push_back((fs::path(manifest_or_file).parent_path() / name.get<std::string>()).string());
-  return files;
+// A sharded checkpoint's manifest (rank 0 writes it last): the mesh and every rank's file, each a
+// plain name inside the run directory.
+struct CheckpointManifest {
+  std::vector<int64_t> mesh;
+  std::vector<std::string> files;  // full paths, one per rank
+};
+
+// Whether `path` is a manifest (JSON) rather than a safetensors file, from its first byte.
+static bool is_manifest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  check(bool(in), path, ": cannot open checkpoint: ", std::strerror(errno));
+  char first = 0;
+  return in.get(first) && first == '{';
 }
 
-// The `__metadata__` of a safetensors file (read_safetensors returns tensors only).
-static json safetensors_metadata(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), 8);
-  check(in && n < (uint64_t(1) << 30), path, ": not a safetensors file");
-  std::string header(n, '\0');
-  in.read(header.data(), std::streamsize(n));
-  return json::parse(header).value("__metadata__", json::object());
+static CheckpointManifest read_manifest(const std::string& path) {
+  const json doc = read_json_file(path);
+  const JsonValue root(doc, path);
+  check(root.is_object() && root.string_or("format", "") == "meshtune-sharded-checkpoint-1", path,
+        ": not a meshtune sharded-checkpoint manifest");
+  CheckpointManifest m;
+  const JsonValue mesh = root["mesh"];
+  for (const JsonValue& d : mesh.elements()) m.mesh.push_back(d.integer(1, 1 << 20));
+  int64_t processes = 1;
+  for (int64_t d : m.mesh) check(!__builtin_mul_overflow(processes, d, &processes) && processes <= (1 << 20), mesh.where(), ": too many processes");
+  const JsonValue files = root["files"];
+  check(int64_t(files.size()) == processes, files.where(), ": lists ", files.size(), " files for a mesh of ", processes,
+        " processes");
+  const std::string dir = fs::path(path).parent_path().string();
+  for (const JsonValue& f : files.elements()) m.files.push_back(plain_file_in(dir, f.string(), f.where()));
+  return m;
+}
+
+// The files of a checkpoint: the file itself, or every rank's file named by a sharded manifest.
+static std::vector<std::string> checkpoint_files(const std::string& manifest_or_file) {
+  if (!is_manifest(manifest_or_file)) return {manifest_or_file};
+  return read_manifest(manifest_or_file).files;
+}
+
+// The checkpoint metadata of one file: strings, with the numbers checked.
+struct CheckpointMetadata {
+  std::string file;
+  std::map<std::string, std::string> values;
+
+  explicit CheckpointMetadata(const std::string& path) : file(path) {
+    std::error_code ec;
+    check(fs::is_regular_file(path, ec), path, ": checkpoint file is missing");
+    values = read_safetensors_metadata(path);
+    check(text("format") == "meshtune-checkpoint-1", path, ": not a meshtune checkpoint");
+  }
+  std::string text(const std::string& key) const {
+    auto it = values.find(key);
+    return it == values.end() ? std::string() : it->second;
+  }
+  int64_t integer(const std::string& key, int64_t lo, int64_t hi) const {
+    const std::string t = text(key);
+    int64_t v = 0;
+    const auto [end, err] = std::from_chars(t.data(), t.data() + t.size(), v);
+    check(!t.empty() && err == std::errc() && end == t.data() + t.size() && v >= lo && v <= hi, file, ": metadata ",
+          key, " must be an integer in [", lo, ", ", hi, "], got \"", brief(t), "\"");
+    return v;
+  }
+  double number(const std::string& key) const {
+    const std::string t = text(key);
+    char* end = nullptr;
+    const double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+    check(!t.empty() && end == t.c_str() + t.size() && std::isfinite(v), file, ": metadata ", key,
+          " must be a number, got \"", brief(t), "\"");
+    return v;
+  }
+};
+
+// Where a file's block of `path` lies in the whole variable (as save_checkpoint records it),
+// checked: every extent positive, the block inside the variable.
+static ShardSpec read_placement(const JsonValue& p) {
+  ShardSpec block;
+  const std::vector<int64_t> full = p["full"].integers(3, 1, int64_t(1) << 34);
+  const std::vector<int64_t> local = p["local"].integers(3, 1, int64_t(1) << 34);
+  const std::vector<int64_t> offset = p["offset"].integers(3, 0, int64_t(1) << 34);
+  for (size_t d = 0; d < 3; ++d) {
+    check(local[d] <= full[d] && offset[d] <= full[d] - local[d], p.where(), ": block [", offset[d], ", ",
+          offset[d] + local[d], ") of dimension ", d, " lies outside the variable's ", full[d]);
+    block.full[d] = full[d];
+    block.local[d] = local[d];
+    block.offset[d] = offset[d];
+  }
+  check(block.full_size() <= (int64_t(1) << 34), p.where(), ": the variable is implausibly large");
+  return block;
 }
 
 TrainedParameters read_trained_parameters(const std::string& manifest_or_file) {
   TrainedParameters out;
-  for (const std::string& file : checkpoint_files(manifest_or_file)) {
-    const json meta = safetensors_metadata(file);
-    check(meta.value("format", "") == "meshtune-checkpoint-1", file, ": not a meshtune checkpoint");
-    out.mode = meta.value("mode", "");
-    out.step = std::stoll(meta.value("step", "0"));
-    out.lora_rank = std::stoi(meta.value("lora_rank", "0"));
-    out.lora_alpha = std::stod(meta.value("lora_alpha", "0"));
-    const json placement = json::parse(meta.value("placement", std::string("{}")));
+  const std::vector<std::string> files = checkpoint_files(manifest_or_file);
+  std::map<std::string, std::vector<ShardSpec>> blocks;  // per sharded variable: its distinct blocks
+  std::map<std::string, std::string> first_file;
+  for (const std::string& file : files) {
+    const CheckpointMetadata meta(file);
+    out.mode = meta.text("mode");
+    check(out.mode == "lora" || out.mode == "full", file, ": metadata mode must be lora or full, got \"",
+          brief(out.mode), "\"");
+    out.step = meta.integer("step", 0, int64_t(1) << 50);
+    out.lora_rank = int(meta.integer("lora_rank", 0, 1 << 20));
+    out.lora_alpha = meta.number("lora_alpha");
+    const std::string placement_text = meta.text("placement");
+    const json placement_doc = parse_json(placement_text.empty() ? "{}" : placement_text, file + ": metadata placement");
+    const JsonValue placement(placement_doc, file, "placement");
+    check(placement.is_object(), placement.where(), ": must be an object");
     for (const auto& [name, tensor] : read_safetensors(file)) {
       if (name.rfind("param/", 0) != 0) continue;
       const std::string path = name.substr(6);
-      std::vector<float> values = to_f32(tensor);
-      if (!placement.contains(path)) {  // a single-process checkpoint: the whole variable
-        out.values[path] = std::move(values);
+      check(tensor.dtype == DType::F32, file, ": ", brief(name), " must be F32, got ", dtype_name(tensor.dtype));
+      if (!placement.has(path)) {  // a single-process checkpoint: the whole variable
+        check(files.size() == 1, file, ": ", brief(path), " has no placement, but the checkpoint has ", files.size(), " files");
+        out.values[path] = to_f32(tensor);
         continue;
       }
-      ShardSpec block;  // this file's block of the variable
-      const json& p = placement[path];
-      for (size_t d = 0; d < 3; ++d) {
-        block.full[d] = p["full"][d].get<int64_t>();
-        block.local[d] = p["local"][d].get<int64_t>();
-        block.offset[d] = p["offset"][d].get<int64_t>();
-      }
-      check(int64_t(values.size()) == block.local_size(), file, ": ", path, " holds ", values.size(),
-            " values, its placement says ", block.local_size());
+      const ShardSpec block = read_placement(placement[path]);  // this file's block of the variable
+      check(num_elements(tensor.shape) == block.local_size(), file, ": ", brief(path), " holds ",
+            num_elements(tensor.shape), " values, its placement says ", block.local_size());
+      // Blocks of one variable cover it; so the whole is at most (blocks × block size), bounded by the files.
+      check(block.full_size() <= block.local_size() * int64_t(files.size()), placement[path].where(),
+            ": a variable of ", block.full_size(), " values cannot be made of ", files.size(), " blocks of ",
+            block.local_size());
       std::vector<float>& whole = out.values[path];
-      whole.resize(static_cast<size_t>(block.full_size()));
+      if (whole.empty()) {
+        whole.assign(size_t(block.full_size()), 0.f);
+        first_file[path] = file;
+      }
+      check(blocks[path].empty() || block.full == blocks[path][0].full, placement[path].where(),
+            ": the variable's shape differs from its shape in ", first_file[path]);
+      // Replicated blocks repeat (same region in several files); distinct blocks must not overlap.
+      bool repeat = false;
+      for (const ShardSpec& other : blocks[path]) {
+        if (same_region(other, block)) repeat = true;
+        else check(!overlaps(other, block), placement[path].where(), ": block overlaps another block of the variable");
+      }
+      const std::vector<float> values = to_f32(tensor);
       place_block(values.data(), block, whole.data());
+      if (!repeat) blocks[path].push_back(block);
     }
+  }
+  for (const auto& [path, parts] : blocks) {  // distinct, non-overlapping blocks: they cover it iff sizes add up
+    int64_t covered = 0;
+    for (const ShardSpec& b : parts) covered += b.local_size();
+    check(covered == parts[0].full_size(), manifest_or_file, ": the blocks of ", brief(path), " cover ", covered, " of ",
+          parts[0].full_size(), " values (a rank file is missing or its placement is wrong)");
   }
   return out;
 }
 
 void Trainer::load_checkpoint(const std::string& manifest_or_file) {
   std::string path = manifest_or_file;
-  const std::string head = read_file(manifest_or_file).substr(0, 1);
   const int processes = dist_.mesh ? dist_.mesh->size() : 1;
-  if (head == "{") {  // a sharded checkpoint's manifest
-    json manifest = json::parse(read_file(manifest_or_file));
-    check(processes > 1 && manifest.value("mesh", json()) == json(dist_.mesh->shape()), manifest_or_file,
-          ": a sharded checkpoint of mesh ", manifest.value("mesh", json()).dump(), "; resume it on that mesh (this run: ",
+  if (is_manifest(manifest_or_file)) {
+    const CheckpointManifest manifest = read_manifest(manifest_or_file);
+    const std::vector<int64_t> this_mesh = dist_.mesh ? std::vector<int64_t>(dist_.mesh->shape().begin(), dist_.mesh->shape().end())
+                                                     : std::vector<int64_t>{1};
+    check(processes > 1 && manifest.mesh == this_mesh, manifest_or_file, ": a sharded checkpoint of mesh ",
+          json(manifest.mesh).dump(), "; resume it on that mesh (this run: ",
           dist_.mesh ? json(dist_.mesh->shape()).dump() : std::string("one process"), ")");
-    path = (fs::path(manifest_or_file).parent_path() /
-            manifest["files"][size_t(dist_.mesh->comm().rank())].get<std::string>()).string();
+    path = manifest.files[size_t(dist_.mesh->comm().rank())];
   } else {
     check(processes == 1, manifest_or_file, ": a single-process checkpoint; resume it without a mesh");
   }
+  const CheckpointMetadata meta(path);
   std::map<std::string, HostTensor> tensors = read_safetensors(path);
-  const json meta = safetensors_metadata(path);
-  check(meta.value("format", "") == "meshtune-checkpoint-1", path, ": not a meshtune checkpoint");
-  check(meta.value("mode", "") == (lora_ ? "lora" : "full"), path, ": checkpoint is for ",
-        meta.value("mode", "?"), " training, this run is ", lora_ ? "lora" : "full");
+  check(meta.text("mode") == (lora_ ? "lora" : "full"), path, ": checkpoint is for ", brief(meta.text("mode")),
+        " training, this run is ", lora_ ? "lora" : "full");
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i];
     for (const std::string kind : {"param/", "momentum/", "velocity/"}) {
@@ -645,12 +737,12 @@ void Trainer::load_checkpoint(const std::string& manifest_or_file) {
       std::memcpy(dst, it->second.data, p.size * 4);
     }
   }
-  step_ = std::stoll(meta.value("step", "0"));
-  optimizer_->iterations = std::stoll(meta.value("iterations", "0"));
-  epoch_loss_sum_ = std::stod(meta.value("epoch_loss_sum", "0"));
-  epoch_examples_ = std::stod(meta.value("epoch_examples", "0"));
-  epoch_correct_ = std::stod(meta.value("epoch_correct", "0"));
-  epoch_weight_ = std::stod(meta.value("epoch_weight", "0"));
+  step_ = meta.integer("step", 0, int64_t(1) << 50);
+  optimizer_->iterations = meta.integer("iterations", 0, int64_t(1) << 50);
+  epoch_loss_sum_ = meta.number("epoch_loss_sum");
+  epoch_examples_ = meta.number("epoch_examples");
+  epoch_correct_ = meta.number("epoch_correct");
+  epoch_weight_ = meta.number("epoch_weight");
   // Working copies follow the restored blocks.
   if (dist_.mesh)
     for (Trainable& t : trainables_) refresh_working_copy(t);
