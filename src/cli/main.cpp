@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 1;  // --help is not an error; every bad command line is exit code 1
   }
   if (threads > 0) omp_set_num_threads(threads);
   try {

@@ -71,9 +71,7 @@ static std::string keras_dtype(const JsonValue& c) {
   if (!dtype) return "float32";
   if (dtype->is_string()) return dtype->string();
   if (!dtype->is_object()) dtype->fail("must be a string or a DTypePolicy object");
-  auto config = dtype->find("config");
-  if (!config) return "float32";
-  return config->string_or("name", "float32");
+  return (*dtype)["config"]["name"].string();
 }
 
 GemmaConfig GemmaConfig::from_keras_json(const json& j, const std::string& source) {

@@ -387,14 +387,14 @@ LoraWeights load_peft_adapter(const std::string& dir, const GemmaConfig& config)
     char which = 0;
     check(parse_peft_name(name, layer, module, which), weights_path, ": unexpected tensor ", brief(name),
           " (expected base_model.model.model.layers.<i>.<module>.lora_A|lora_B.weight)");
-    check(layer < config.num_layers, weights_path, ": tensor ", name, " is for layer ", layer, ", but the model has ",
+    check(layer < config.num_layers, weights_path, ": tensor ", brief(name), " is for layer ", layer, ", but the model has ",
           config.num_layers, " layers");
     const Slot* slot = nullptr;
     for (const Slot& s : kAdaptable)
       if (module == hf_module(s)) slot = &s;
-    check(slot != nullptr, weights_path, ": tensor ", name, ": unknown module ", brief(module),
+    check(slot != nullptr, weights_path, ": tensor ", brief(name), ": unknown module ", brief(module),
           " (expected self_attn.q_proj|k_proj|v_proj|o_proj or mlp.gate_proj|up_proj|down_proj)");
-    check(is_float(t.dtype), weights_path, ": tensor ", name, " has dtype ", dtype_name(t.dtype),
+    check(is_float(t.dtype), weights_path, ": tensor ", brief(name), " has dtype ", dtype_name(t.dtype),
           ", expected a floating-point type");
     auto& entry = modules[{layer, int(*slot)}];
     (which == 'A' ? entry.first : entry.second) = &t;
