@@ -46,10 +46,10 @@ struct Outcome {
 
 // Runs `meshtune ARGS` (a shell word list) in its own process group with a deadline, and reads the
 // peak resident memory of it and its children from wait4.
-Outcome run_bounded(const std::string& args) {
+Outcome run_bounded(const std::string& args, const std::string& shell_prefix = "") {
   const std::string dir = make_temp_dir("hostile-run");
   const std::string err_path = dir + "/err";
-  const std::string command = "exec '" + std::string(MESHTUNE_BINARY) + "' --threads 1 " + args;
+  const std::string command = shell_prefix + "exec '" + std::string(MESHTUNE_BINARY) + "' --threads 1 " + args;
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
@@ -183,6 +183,7 @@ struct Case {
   std::function<std::string(const std::string& dir)> setup;
   std::vector<std::string> needles;
   int exit_code = 1;
+  std::string shell_prefix = "";  // e.g. a file-size limit that makes every write past it fail (a full disk)
 };
 
 std::string copy_of(const std::string& from, const std::string& dir, const std::string& name) {
@@ -197,7 +198,7 @@ void run_table(const std::vector<Case>& cases) {
     const std::string dir = make_temp_dir("hostile-" + c.name);
     const std::string args = c.setup(dir);
     const auto start = std::chrono::steady_clock::now();
-    const Outcome o = run_bounded(args);
+    const Outcome o = run_bounded(args, c.shell_prefix);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_FALSE(o.timed_out) << "hung (killed after " << kTimeoutSeconds << " s)";
     EXPECT_EQ(o.exit_code, c.exit_code) << o.err;
@@ -697,6 +698,13 @@ TEST(Hostile, Checkpoints) {
          const std::string run = copy_of(b.run, d, "run");
          return "finetune " + q(b.keras) + " --data sample --take 4 --steps 1 --batch-size 2 --seq-len 16 --no-progress --out " + q(run); },
        {"already holds a run", "--resume", "--overwrite"}},
+      {"disk_full_writing_h5", [&](const std::string& d) { return "init " + q(d + "/m"); },
+       {"model.weights.h5", "File too large"}, 1, "ulimit -f 100; trap '' XFSZ; "},
+      {"disk_full_writing_safetensors", [&](const std::string& d) { return "init --format hf " + q(d + "/m"); },
+       {"model.safetensors", "File too large"}, 1, "ulimit -f 100; trap '' XFSZ; "},
+      {"disk_full_writing_adapter", [&](const std::string& d) {
+         return "finetune " + q(b.keras) + " --data sample --take 4 --steps 1 --batch-size 2 --seq-len 16 --no-progress --out " +
+                q(d + "/run"); }, {"File too large"}, 1, "ulimit -f 20; trap '' XFSZ; "},
       {"resume_without_checkpoint", [&](const std::string& d) {
          return "finetune " + q(b.keras) + " --data sample --take 4 --steps 1 --batch-size 2 --seq-len 16 --no-progress --resume --out " +
                 q(d + "/new"); }, {"--resume", "checkpoint"}},

@@ -37,8 +37,14 @@ Runner add_init_command(CLI::App& app) {
   cmd->add_option("--sequence-length", o->sequence_length, "preprocessor.json sequence_length (default 64)");
   return [o] {
     namespace fs = std::filesystem;
+    check(o->sequence_length >= 1 && o->sequence_length <= kMaxPositions, "--sequence-length must be in [1, ",
+          kMaxPositions, "], got ", o->sequence_length);
     fs::create_directories(o->out);
     const std::string tokenizer_path = (fs::path(o->out) / "tokenizer.tmp.spm").string();
+    struct RemoveOnExit {  // the trained tokenizer is copied into the preset; never left behind
+      std::string path;
+      ~RemoveOnExit() { std::error_code ec; fs::remove(path, ec); }
+    } remove_tokenizer{tokenizer_path};
     train_tokenizer(sample_reviews(), o->vocab_size, tokenizer_path);
     Tokenizer tokenizer(tokenizer_path);
     GemmaConfig config = named_config(o->config, o->config == "gemma-2b" ? 256000 : tokenizer.vocab_size());
@@ -46,7 +52,6 @@ Runner add_init_command(CLI::App& app) {
     GemmaModel model = random_model(config, o->seed);
     if (o->format == "keras") save_keras_preset(model, tokenizer_path, o->sequence_length, o->out);
     else save_hf_checkpoint(model, tokenizer_path, o->out);
-    fs::remove(tokenizer_path);
     std::cerr << "wrote " << o->config << " model (" << model.config.num_parameters() << " parameters, vocabulary "
               << tokenizer.vocab_size() << ") to " << o->out << "\n";
     return 0;

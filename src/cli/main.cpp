@@ -2,6 +2,7 @@
 // meshtune::Error becomes one line on stderr and exit code 1.
 #include <omp.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <map>
 
@@ -15,7 +16,11 @@
   const std::string line = "meshtune: error: " + message;
   if (meshtune::launched_by_mpirun()) meshtune::abort_job(line, 1);
   std::cerr << line << "\n";
-  std::exit(1);
+  // End without the libraries' exit handlers: after a failed write libhdf5's at-exit clean-up of
+  // the file it could not close crashes. Results already written are flushed first.
+  std::cout.flush();
+  std::cerr.flush();
+  std::_Exit(1);
 }
 
 int main(int argc, char** argv) {

@@ -45,7 +45,9 @@ std::string h5_error_detail() {
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_first, &detail);
   H5Eclear2(H5E_DEFAULT);
-  return detail.empty() ? std::string() : " (HDF5: " + detail + ")";
+  for (char& c : detail)  // one line: libhdf5's messages may span several
+    if (c == '\n' || c == '\r') c = ' ';
+  return detail.empty() ? std::string() : " (HDF5: " + brief(detail, 300) + ")";
 }
 
 // Owns one hid_t and closes it with the matching H5?close function.
