@@ -643,7 +643,10 @@ static ShardSpec read_placement(const JsonValue& p) {
     block.local[d] = local[d];
     block.offset[d] = offset[d];
   }
-  check(block.full_size() <= (int64_t(1) << 34), p.where(), ": the variable is implausibly large");
+  int64_t size = 1;
+  for (int64_t d : full)
+    check(!__builtin_mul_overflow(size, d, &size) && size <= (int64_t(1) << 34), p.where(), ": full ",
+          json(full).dump(), " is implausibly large");
   return block;
 }
 
