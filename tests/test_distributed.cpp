@@ -59,9 +59,11 @@ std::map<std::string, std::vector<float>> floats_of(const std::map<std::string, 
   return out;
 }
 
-// Runs finetune (and generate with the result) on `processes` processes ("" mesh = one process).
-RunResult run_job(const std::string& model, bool full, const std::string& mesh_args, int processes, const std::string& dir) {
-  const std::string launcher = processes > 1 ? kMpirun + std::to_string(processes) + " " : "";
+// Runs finetune (and generate with the result) on `processes` processes ("" mesh = one process);
+// `mpirun_options` go to mpirun (e.g. the transport).
+RunResult run_job(const std::string& model, bool full, const std::string& mesh_args, int processes, const std::string& dir,
+                  const std::string& mpirun_options = "") {
+  const std::string launcher = processes > 1 ? kMpirun + std::to_string(processes) + " " + mpirun_options + " " : "";
   const std::string mode = full ? " --full" : " --lora-rank 2 --lora-targets all";
   CommandResult r = run_job_command("--threads 1 finetune " + model + mode +
                                      " --data sample --seq-len 12 --batch-size 4 --steps 5 --lr 1e-2 --no-shuffle"
@@ -107,6 +109,20 @@ void expect_same(const RunResult& one, const RunResult& many, const std::string&
 }
 
 class Distributed : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+// Between hosts there is no shared memory: OpenMPI restricted to TCP (the ob1 messaging layer over
+// the tcp and self transports, here on the loopback interface) must give the one-device run too.
+// This is what `mpirun --hostfile hosts --mca btl tcp,self …` does across machines (README).
+TEST(DistributedTransport, TcpOnlyEqualsOneDevice) {
+  const std::string model = fixture("keras/preset-gemma2-tiny");
+  const std::string root = make_temp_dir("dist-tcp");
+  const RunResult one = run_job(model, false, "", 1, root + "/one");
+  const std::string tcp = "--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo";
+  const RunResult many = run_job(model, false, "--mesh 1x2 --layout auto", 2, root + "/tcp", tcp);
+  expect_same(one, many, "(1,2) over TCP", 5e-4);
+  const RunResult data_parallel = run_job(model, false, "", 2, root + "/tcp-dp", tcp);
+  expect_same(one, data_parallel, "data parallel over TCP", 5e-4);
+}
 
 TEST_P(Distributed, EveryMeshAndLayoutEqualsOneDevice) {
   const auto [preset, full] = GetParam();
