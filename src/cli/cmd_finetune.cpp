@@ -128,6 +128,8 @@ Runner add_finetune_command(CLI::App& app) {
         load_model_and_tokenizer(o->model, !pretokenized || !o->sample_prompts.empty() || !o->validation_data.empty(),
                                  mesh ? sharded_blocks(distribution.layout, *mesh) : VariableBlocks{});
     const GemmaConfig config = loaded.model.config;
+    check(o->seq_len <= config.max_sequence_length, "--seq-len ", o->seq_len, " exceeds the model's maximum sequence length ",
+          config.max_sequence_length);
 
     Dataset dataset = load_dataset(o->data, o->text_field);
     BatchOptions batch_options;

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   CLI::App app{"meshtune: fine-tune and run Gemma 1/2/3 models (Keras presets and Hugging Face checkpoints)"};
   app.require_subcommand(1);
   int threads = 0;
-  app.add_option("--threads", threads, "CPU threads for kernels (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads, "CPU threads for kernels (default: all cores)")->check(CLI::Range(0, 4096));
 
   std::map<CLI::App*, meshtune::cli::Runner> runners;
   auto all = [](const CLI::App*) { return true; };
