@@ -210,11 +210,13 @@ void run_table(const std::vector<Case>& cases) {
       std::istringstream lines(o.err);
       for (std::string line; std::getline(lines, line);)
         if (line.find("error") != std::string::npos) error_lines.push_back(line);
-      ASSERT_EQ(error_lines.size(), 1u) << "want exactly one error line:\n" << o.err;
-      EXPECT_EQ(error_lines[0].rfind("meshtune: error: ", 0), 0u) << error_lines[0];
-      EXPECT_LT(error_lines[0].size(), 2000u) << "an error line must stay readable";
-      for (const std::string& needle : c.needles)
-        EXPECT_NE(error_lines[0].find(needle), std::string::npos) << "missing '" << needle << "' in: " << error_lines[0];
+      EXPECT_EQ(error_lines.size(), 1u) << "want exactly one error line:\n" << o.err;
+      if (error_lines.size() == 1) {
+        EXPECT_EQ(error_lines[0].rfind("meshtune: error: ", 0), 0u) << error_lines[0];
+        EXPECT_LT(error_lines[0].size(), 2000u) << "an error line must stay readable";
+        for (const std::string& needle : c.needles)
+          EXPECT_NE(error_lines[0].find(needle), std::string::npos) << "missing '" << needle << "' in: " << error_lines[0];
+      }
     }
     const size_t last = o.err.find_last_not_of('\n');
     const std::string last_line = o.err.substr(o.err.rfind('\n', last) == std::string::npos ? 0 : o.err.rfind('\n', last) + 1);
