@@ -23,8 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "data/crc32c.h"
 #include "io/safetensors.h"
+#include "train/trainer.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -711,6 +713,41 @@ TEST(Hostile, Checkpoints) {
          return "finetune " + q(b.keras) + " --data sample --take 4 --steps 1 --batch-size 2 --seq-len 16 --no-progress --resume --out " +
                 q(d + "/new"); }, {"--resume", "checkpoint"}},
   });
+}
+
+// Placements that pass every per-block check but do not tile the variable: two blocks that overlap
+// (one would overwrite the other's values) and two that leave a gap (zeros would pass for weights).
+TEST(Hostile, PlacementsMustTileTheVariable) {
+  const std::string dir = make_temp_dir("hostile-tiling");
+  // Rank file `name` holds rows [row, row + 2) of a [6, 3] variable.
+  auto rank_file = [&](const std::string& name, int row) {
+    meshtune::HostTensor t = meshtune::HostTensor::allocate(meshtune::DType::F32, {6});
+    for (int i = 0; i < 6; ++i) t.mutable_as<float>()[i] = float(i);
+    const json placement = {{"v", {{"full", {1, 6, 3}}, {"local", {1, 2, 3}}, {"offset", {0, row, 0}}}}};
+    meshtune::write_safetensors(dir + "/" + name, {{"param/v", t}},
+                                {{"format", "meshtune-checkpoint-1"}, {"mode", "full"}, {"step", "1"}, {"lora_rank", "0"},
+                                 {"lora_alpha", "0"}, {"placement", placement.dump()}});
+  };
+  const json manifest = {{"format", "meshtune-sharded-checkpoint-1"}, {"step", 1}, {"mesh", {1, 3}},
+                         {"axes", {"batch", "model"}}, {"files", {"r0", "r1", "r2"}}};
+  write_json(dir + "/checkpoint.safetensors", manifest);
+  auto error_of = [&] {
+    try {
+      meshtune::read_trained_parameters(dir + "/checkpoint.safetensors");
+    } catch (const meshtune::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  rank_file("r0", 0);
+  rank_file("r1", 2);
+  rank_file("r2", 4);
+  EXPECT_EQ(error_of(), "no error");  // rows 0–1, 2–3, 4–5: a tiling
+  rank_file("r2", 3);                 // rows 3–4 overlap rows 2–3
+  EXPECT_NE(error_of().find("overlaps"), std::string::npos) << error_of();
+  rank_file("r2", 2);                 // a repeat of r1's block (replicated): rows 4–5 never written
+  EXPECT_NE(error_of().find("cover 12 of 18"), std::string::npos) << error_of();
+  fs::remove_all(dir);
 }
 
 // --overwrite replaces a run: the old checkpoint and adapter files are gone, the new run's are there.
