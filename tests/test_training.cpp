@@ -233,6 +233,25 @@ TEST(Resume, KilledRunResumesBitIdentically) {
   EXPECT_EQ(json::parse(full.out)["loss"], json::parse(resumed.out)["loss"]);
 }
 
+// Continuing a Hugging Face (PEFT) adapter: training succeeds, the adapter comes back as PEFT, and
+// the Keras file, which cannot hold a PEFT-style adapter, is skipped with a note (exit 0).
+TEST(FinetuneCli, ContinuingAPeftAdapterWritesPeft) {
+  const std::string root = make_temp_dir("ftpeft");
+  ASSERT_EQ(run_meshtune("init --format hf " + root + "/hf").exit_code, 0);
+  const std::string train = " --data sample --take 4 --steps 1 --batch-size 2 --seq-len 16 --no-progress --out ";
+  ASSERT_EQ(run_meshtune("finetune " + root + "/hf" + train + root + "/first").exit_code, 0);
+  CommandResult again = run_meshtune("finetune " + root + "/hf --lora-init " + root + "/first/adapter" + train + root + "/second");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_TRUE(std::filesystem::exists(root + "/second/adapter/adapter_model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(root + "/second/adapter/adapter_config.json"));
+  EXPECT_FALSE(std::filesystem::exists(root + "/second/adapter.lora.h5"));
+  EXPECT_NE(again.err.find("skipped adapter.lora.h5"), std::string::npos) << again.err;
+  // The written adapter loads and continues again.
+  CommandResult third = run_meshtune("finetune " + root + "/hf --lora-init " + root + "/second/adapter" + train + root + "/third");
+  EXPECT_EQ(third.exit_code, 0) << third.err;
+  std::filesystem::remove_all(root);
+}
+
 TEST(FinetuneCli, BadArgumentsAreClearErrors) {
   const std::string root = make_temp_dir("ftbad");
   const std::string model = root + "/tiny";

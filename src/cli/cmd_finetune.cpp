@@ -2,6 +2,7 @@
 // The tutorial's enable_lora → compile(AdamW) → fit(data) → generate, in one command. Writes to
 // --out: checkpoint.safetensors (resumable), and at the end the LoRA adapter as Keras
 // `adapter.lora.h5` and as a PEFT directory `adapter/`, or for --full a Keras preset `model/`.
+#include <algorithm>
 #include <chrono>
 #include <malloc.h>
 
@@ -234,9 +235,19 @@ Runner add_finetune_command(CLI::App& app) {
     }
 
     if (lora && main_process) {
-      save_keras_lora((fs::path(o->out) / "adapter.lora.h5").string(), config, *trainer.lora());
-      save_peft_adapter((fs::path(o->out) / "adapter").string(), config, *trainer.lora());
-      std::cerr << "wrote " << o->out << "/adapter.lora.h5 (Keras) and " << o->out << "/adapter/ (PEFT)\n";
+      // Every format the adapter can be written in. A PEFT-style adapter (continued with
+      // --lora-init from a PEFT directory) has one B per head, which Keras' layout cannot hold.
+      const LoraWeights& trained = *trainer.lora();
+      const bool keras_style = std::all_of(trained.adapters.begin(), trained.adapters.end(),
+                                           [](const LoraAdapter& a) { return a.style == LoraStyle::Keras; });
+      save_peft_adapter((fs::path(o->out) / "adapter").string(), config, trained);
+      if (keras_style) {
+        save_keras_lora((fs::path(o->out) / "adapter.lora.h5").string(), config, trained);
+        std::cerr << "wrote " << o->out << "/adapter.lora.h5 (Keras) and " << o->out << "/adapter/ (PEFT)\n";
+      } else {
+        std::cerr << "wrote " << o->out << "/adapter/ (PEFT); skipped adapter.lora.h5: a PEFT-style adapter (from "
+                  << o->lora_init << ") has a B matrix per head, which Keras' save_lora_weights layout cannot hold\n";
+      }
     } else if (!lora) {
       GemmaModel final_model = trainer.current_model();  // every process takes part in the gathers
       if (main_process) {
