@@ -252,6 +252,28 @@ TEST(FinetuneCli, ContinuingAPeftAdapterWritesPeft) {
   std::filesystem::remove_all(root);
 }
 
+// --steps N is N optimizer steps (Hugging Face max_steps), cycling the data; with --epochs too,
+// whichever ends first. The progress bar counts to N.
+TEST(FinetuneCli, StepsCycleTheDataAndEpochsCapThem) {
+  const std::string root = make_temp_dir("ftsteps");
+  ASSERT_EQ(run_meshtune("init " + root + "/tiny").exit_code, 0);
+  { std::ofstream(root + "/two.jsonl") << "{\"text\": \"a fine film\"}\n{\"text\": \"a dull film\"}\n"; }
+  const std::string train = "finetune " + root + "/tiny --data " + root + "/two.jsonl --batch-size 2 --seq-len 8 ";
+  CommandResult five = run_meshtune(train + "--steps 5 --log-jsonl " + root + "/five.jsonl --out " + root + "/five");
+  ASSERT_EQ(five.exit_code, 0) << five.err;
+  EXPECT_EQ(json::parse(five.out)["steps"], 5);
+  std::istringstream log(read_text_file(root + "/five.jsonl"));
+  std::vector<int> epochs;
+  for (std::string line; std::getline(log, line);) epochs.push_back(json::parse(line)["epoch"].get<int>());
+  EXPECT_EQ(epochs, (std::vector<int>{1, 2, 3, 4, 5}));  // one step per epoch of 2 examples
+  EXPECT_NE(five.err.find("5/5"), std::string::npos) << five.err;
+  EXPECT_EQ(five.err.find("1/1"), std::string::npos) << "one bar over N steps, not one per epoch:\n" << five.err;
+  CommandResult capped = run_meshtune(train + "--steps 5 --epochs 2 --no-progress --out " + root + "/capped");
+  ASSERT_EQ(capped.exit_code, 0) << capped.err;
+  EXPECT_EQ(json::parse(capped.out)["steps"], 2);
+  std::filesystem::remove_all(root);
+}
+
 TEST(FinetuneCli, BadArgumentsAreClearErrors) {
   const std::string root = make_temp_dir("ftbad");
   const std::string model = root + "/tiny";

@@ -50,7 +50,7 @@ Runner add_finetune_command(CLI::App& app) {
     std::string data, text_field = "text", validation_data, out = "runs/finetune";
     size_t take = 0, validation_take = 0;
     uint64_t shuffle_seed = 0;
-    bool no_shuffle = false, full = false, resume = false, overwrite = false, no_progress = false;
+    bool no_shuffle = false, full = false, resume = false, overwrite = false, no_progress = false, epochs_given = false;
     int seq_len = 128, batch_size = 2, epochs = 1, grad_accum = 1, lora_rank = 0;
     int64_t steps = 0, checkpoint_every = 0, warmup_steps = 0;
     double lora_alpha = 0, lr = 5e-5, weight_decay = 0.01, beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7;
@@ -71,8 +71,12 @@ Runner add_finetune_command(CLI::App& app) {
   cmd->add_flag("--no-shuffle", o->no_shuffle, "Keep the data in file order");
   cmd->add_option("--seq-len", o->seq_len, "Preprocessor sequence_length (default 128)");
   cmd->add_option("--batch-size", o->batch_size, "Batch size (default 2)");
-  cmd->add_option("--epochs", o->epochs, "Epochs (default 1)");
-  cmd->add_option("--steps", o->steps, "Stop after this many optimizer steps in total");
+  cmd->add_option_function<int>(
+      "--epochs", [o](int n) { o->epochs = n, o->epochs_given = true; },
+      "Epochs (default 1; with --steps: whichever ends first)");
+  cmd->add_option("--steps", o->steps,
+                  "Run this many optimizer steps, cycling the data for as many epochs as that takes (Hugging Face "
+                  "max_steps); with --epochs too, whichever ends first");
   cmd->add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step (default 1)");
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank (default 4 unless --full)");
   cmd->add_option("--lora-alpha", o->lora_alpha, "LoRA alpha (default = rank, scale 1, as Keras)");
@@ -112,6 +116,7 @@ Runner add_finetune_command(CLI::App& app) {
     check(o->seq_len >= 1, "--seq-len must be at least 1, got ", o->seq_len);
     check(o->batch_size >= 1, "--batch-size must be at least 1, got ", o->batch_size);
     check(o->epochs >= 1, "--epochs must be at least 1, got ", o->epochs);
+    check(o->steps >= 0, "--steps must not be negative, got ", o->steps);
     check(!(o->full && (o->lora_rank > 0 || !o->lora_init.empty())), "--full cannot be combined with LoRA options");
     check(!(o->resume && o->overwrite), "--resume and --overwrite cannot be combined");
     const RunDirMode run_mode = o->resume ? RunDirMode::Resume : o->overwrite ? RunDirMode::Overwrite : RunDirMode::Fresh;
@@ -153,7 +158,7 @@ Runner add_finetune_command(CLI::App& app) {
       }
     }
     FitOptions fit;
-    fit.epochs = o->epochs;
+    fit.epochs = o->steps > 0 && !o->epochs_given ? 0 : o->epochs;  // 0: as many as --steps needs
     fit.max_steps = o->steps;
     fit.grad_accumulation = o->grad_accum;
     fit.adamw.learning_rate = o->lr;
@@ -169,7 +174,9 @@ Runner add_finetune_command(CLI::App& app) {
     fit.schedule.kind = o->schedule;
     fit.schedule.base = o->lr;
     fit.schedule.warmup_steps = o->warmup_steps;
-    fit.schedule.total_steps = o->steps > 0 ? std::min<int64_t>(o->steps, steps_per_epoch * o->epochs) : steps_per_epoch * o->epochs;
+    fit.schedule.total_steps = fit.epochs == 0 ? o->steps
+                               : o->steps > 0 ? std::min<int64_t>(o->steps, steps_per_epoch * o->epochs)
+                                              : steps_per_epoch * o->epochs;
     fit.schedule.final_fraction = o->final_lr_fraction;
     if (run_mode == RunDirMode::Overwrite) {  // once every input has loaded: rank 0 clears, the others wait
       if (world().rank() == 0) prepare_run_dir(o->out, run_mode);

@@ -414,7 +414,10 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::atomic<bool>* stop
   const int64_t k = std::max(1, options_.grad_accumulation);
   const int64_t batches = int64_t(data.steps_per_epoch());
   const int64_t steps_per_epoch = (batches + k - 1) / k;
-  int64_t total_steps = steps_per_epoch * options_.epochs;
+  // By steps (epochs 0): N optimizer steps over as many epochs as that takes, one progress bar of N.
+  const bool by_steps = options_.epochs == 0;
+  check(!by_steps || options_.max_steps > 0, "fit: epochs 0 needs max_steps");
+  int64_t total_steps = by_steps ? options_.max_steps : steps_per_epoch * options_.epochs;
   if (options_.max_steps > 0) total_steps = std::min(total_steps, options_.max_steps);
   const bool main_process = is_main_process();
   std::FILE* log = options_.log_jsonl.empty() || !main_process ? nullptr : std::fopen(options_.log_jsonl.c_str(), step_ > 0 ? "a" : "w");
@@ -422,14 +425,18 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::atomic<bool>* stop
   EpochMetrics metrics{epoch_examples_ > 0 ? epoch_loss_sum_ / epoch_examples_ : 0,
                        epoch_weight_ > 0 ? epoch_correct_ / epoch_weight_ : 0};
   const bool terminal = isatty(fileno(stderr));
+  std::unique_ptr<ProgressBar> run_bar;  // by steps: one bar over the whole run
+  if (by_steps && options_.progress && main_process && step_ < total_steps) {
+    run_bar = std::make_unique<ProgressBar>(total_steps, stderr, terminal);
+  }
 
   while (step_ < total_steps) {
     const int64_t epoch = step_ / steps_per_epoch, first = step_ % steps_per_epoch;
     if (first == 0) epoch_loss_sum_ = epoch_examples_ = epoch_correct_ = epoch_weight_ = 0;
     if (options_.epochs > 1 && options_.progress && main_process) std::fprintf(stderr, "Epoch %lld/%d\n", (long long)epoch + 1, options_.epochs);
     const int64_t last = std::min(steps_per_epoch, total_steps - epoch * steps_per_epoch);
-    std::unique_ptr<ProgressBar> bar;
-    if (options_.progress && main_process) bar = std::make_unique<ProgressBar>(last, stderr, terminal);
+    std::unique_ptr<ProgressBar> bar;  // by epochs: one bar per epoch, as Keras' fit
+    if (!by_steps && options_.progress && main_process) bar = std::make_unique<ProgressBar>(last, stderr, terminal);
     for (int64_t s = first; s < last; ++s) {
       auto t0 = std::chrono::steady_clock::now();
       zero_gradients();
@@ -455,6 +462,7 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::atomic<bool>* stop
       metrics = {epoch_loss_sum_ / epoch_examples_, epoch_weight_ > 0 ? epoch_correct_ / epoch_weight_ : 0};
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (bar) bar->update(s + 1, {{"loss", metrics.loss}, {"sparse_categorical_accuracy", metrics.accuracy}});
+      if (run_bar) run_bar->update(step_, {{"loss", metrics.loss}, {"sparse_categorical_accuracy", metrics.accuracy}});
       if (log) {
         json line = {{"step", step_}, {"epoch", epoch + 1}, {"loss", batch_loss_times_b / examples},
                      {"epoch_loss", metrics.loss}, {"accuracy", metrics.accuracy}, {"learning_rate", lr},
@@ -475,7 +483,7 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::atomic<bool>* stop
       if (stop) {
         interrupted_ = true;
         if (log) std::fclose(log);
-        if (bar) std::fprintf(stderr, "\n");
+        if (bar || run_bar) std::fprintf(stderr, "\n");
         return metrics;
       }
     }

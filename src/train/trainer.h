@@ -20,7 +20,7 @@
 namespace meshtune {
 
 struct FitOptions {
-  int epochs = 1;
+  int epochs = 1;                // 0: as many epochs as max_steps needs (the data is cycled)
   int64_t max_steps = 0;         // stop after this many optimizer steps in total (0 = epochs)
   int grad_accumulation = 1;     // micro-batches per optimizer step
   AdamWOptions adamw;
