@@ -227,3 +227,32 @@ TEST(BadInput, UnknownFlagAndSampler) {
 }
 
 }  // namespace
+
+// Our config.json carries what transformers' Gemma configs declare, with the declared JSON types
+// (transformers at commit 008e5743, GemmaConfig / Gemma2Config: strict dataclasses that reject a
+// float where an int is declared), and what llama.cpp's convert_hf_to_gguf.py reads unconditionally
+// (max_position_embeddings).
+TEST(Cli, HfConfigFieldsHaveTransformersTypes) {
+  const std::string root = make_temp_dir("hfconfig");
+  for (const std::string family : {"tiny", "tiny-gemma2", "tiny-gemma3"}) {
+    SCOPED_TRACE(family);
+    const std::string dir = root + "/" + family;
+    ASSERT_EQ(run_meshtune("init --format hf --config " + family + " " + quote(dir)).exit_code, 0);
+    const json c = load_json(dir + "/config.json");
+    for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "head_dim", "max_position_embeddings", "pad_token_id", "eos_token_id",
+                            "bos_token_id"})
+      EXPECT_TRUE(c.contains(key) && c[key].is_number_integer()) << key << " in " << c.dump();
+    EXPECT_TRUE(c["rms_norm_eps"].is_number()) << c.dump();
+    EXPECT_TRUE(c["tie_word_embeddings"].is_boolean()) << c.dump();
+    EXPECT_TRUE(c["query_pre_attn_scalar"].is_number_integer()) << c.dump();  // was 16.0
+    if (family == "tiny") EXPECT_EQ(c.value("hidden_act", ""), "gelu_pytorch_tanh") << c.dump();
+    else EXPECT_EQ(c.value("hidden_activation", ""), "gelu_pytorch_tanh") << c.dump();
+    if (family != "tiny") {
+      EXPECT_TRUE(c["sliding_window"].is_null() || c["sliding_window"].is_number_integer()) << c.dump();
+      for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
+        EXPECT_TRUE(c[key].is_null() || c[key].is_number()) << key << " in " << c.dump();
+    }
+  }
+}
+

@@ -246,6 +246,9 @@ TEST(FinetuneCli, ContinuingAPeftAdapterWritesPeft) {
   EXPECT_TRUE(std::filesystem::exists(root + "/second/adapter/adapter_config.json"));
   EXPECT_FALSE(std::filesystem::exists(root + "/second/adapter.lora.h5"));
   EXPECT_NE(again.err.find("skipped adapter.lora.h5"), std::string::npos) << again.err;
+  // PEFT's AutoPeftModelForCausalLM finds the base model from the adapter config.
+  EXPECT_EQ(json::parse(read_text_file(root + "/second/adapter/adapter_config.json"))["base_model_name_or_path"],
+            std::filesystem::absolute(root + "/hf").lexically_normal().string());
   // The written adapter loads and continues again.
   CommandResult third = run_meshtune("finetune " + root + "/hf --lora-init " + root + "/second/adapter" + train + root + "/third");
   EXPECT_EQ(third.exit_code, 0) << third.err;

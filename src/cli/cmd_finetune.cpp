@@ -247,7 +247,8 @@ Runner add_finetune_command(CLI::App& app) {
       const LoraWeights& trained = *trainer.lora();
       const bool keras_style = std::all_of(trained.adapters.begin(), trained.adapters.end(),
                                            [](const LoraAdapter& a) { return a.style == LoraStyle::Keras; });
-      save_peft_adapter((fs::path(o->out) / "adapter").string(), config, trained);
+      save_peft_adapter((fs::path(o->out) / "adapter").string(), config, trained,
+                        fs::absolute(loaded.dir.path).lexically_normal().string());
       if (keras_style) {
         save_keras_lora((fs::path(o->out) / "adapter.lora.h5").string(), config, trained);
         std::cerr << "wrote " << o->out << "/adapter.lora.h5 (Keras) and " << o->out << "/adapter/ (PEFT)\n";

@@ -231,7 +231,10 @@ json GemmaConfig::to_hf_json() const {
             {"bos_token_id", 2},
             {"torch_dtype", "float32"},
             {"max_position_embeddings", max_sequence_length},
-            {"query_pre_attn_scalar", double(query_scale_dim)}};
+            // transformers declares an int; write one unless the scale really is fractional
+            {"query_pre_attn_scalar", query_scale_dim == std::round(query_scale_dim) ? json(int64_t(query_scale_dim))
+                                                                                      : json(double(query_scale_dim))}};
+  if (family == 1) j["hidden_act"] = "gelu_pytorch_tanh";  // GemmaConfig's name; Gemma 2/3 use hidden_activation
   if (family >= 2) {
     j["attn_logit_softcapping"] = attention_logit_soft_cap > 0 ? json(double(attention_logit_soft_cap)) : json();
     j["final_logit_softcapping"] = final_logit_soft_cap > 0 ? json(double(final_logit_soft_cap)) : json();

@@ -303,7 +303,8 @@ LoraWeights load_keras_lora(const std::string& path, const GemmaConfig& config) 
   return w;
 }
 
-void save_peft_adapter(const std::string& dir, const GemmaConfig& config, const LoraWeights& lora) {
+void save_peft_adapter(const std::string& dir, const GemmaConfig& config, const LoraWeights& lora,
+                       const std::string& base_model) {
   validate_lora(config, lora, dir);
   check(!lora.adapters.empty(), dir, ": no LoRA adapters to save");
   const double scale = lora.scale();
@@ -350,7 +351,7 @@ void save_peft_adapter(const std::string& dir, const GemmaConfig& config, const 
               {"fan_in_fan_out", false},
               {"use_rslora", false},
               {"lora_dropout", 0.0},
-              {"base_model_name_or_path", ""}};
+              {"base_model_name_or_path", base_model}};
   fs::create_directories(dir);
   write_safetensors((fs::path(dir) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
   write_file_atomic((fs::path(dir) / "adapter_config.json").string(), cfg.dump(2) + "\n");

@@ -21,7 +21,10 @@ int keras_lora_index(const GemmaConfig& config, int layer, Slot slot);
 void save_keras_lora(const std::string& path, const GemmaConfig& config, const LoraWeights& lora);  // atomic
 LoraWeights load_keras_lora(const std::string& path, const GemmaConfig& config);
 
-void save_peft_adapter(const std::string& dir, const GemmaConfig& config, const LoraWeights& lora);  // atomic files
+// `base_model` is written as base_model_name_or_path (the model trained on, so that PEFT's
+// AutoPeftModelForCausalLM can find it); "" when unknown.
+void save_peft_adapter(const std::string& dir, const GemmaConfig& config, const LoraWeights& lora,
+                       const std::string& base_model = "");  // atomic files
 LoraWeights load_peft_adapter(const std::string& dir, const GemmaConfig& config);
 
 // Either format: a path ending in .lora.h5, or a directory with adapter_config.json.
