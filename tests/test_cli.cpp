@@ -256,3 +256,23 @@ TEST(Cli, HfConfigFieldsHaveTransformersTypes) {
   }
 }
 
+
+// A text-only Gemma 3 preset says so as KerasHub writes it (keras-hub at 71453d08, 0.32.0.dev0:
+// Gemma3Tokenizer.get_config adds has_vision_tokens, Gemma3CausalLMPreprocessor.get_config adds
+// num_vision_tokens_per_image and max_images_per_prompt); without it
+// Gemma3CausalLM.from_preset fails with "Cannot find special token '<img>'".
+TEST(Cli, Gemma3PresetIsTextOnlyForKeras) {
+  const std::string dir = make_temp_dir("g3preset") + "/m";
+  ASSERT_EQ(run_meshtune("init --config tiny-gemma3 " + quote(dir)).exit_code, 0);
+  const json tokenizer = load_json(dir + "/tokenizer.json");
+  const json preprocessor = load_json(dir + "/preprocessor.json");
+  const json task = load_json(dir + "/task.json");
+  EXPECT_EQ(tokenizer["class_name"], "Gemma3Tokenizer");
+  EXPECT_EQ(tokenizer["config"]["has_vision_tokens"], false);
+  EXPECT_EQ(preprocessor["config"]["tokenizer"]["config"]["has_vision_tokens"], false);
+  EXPECT_EQ(preprocessor["config"]["num_vision_tokens_per_image"], 256);
+  EXPECT_EQ(preprocessor["config"]["max_images_per_prompt"], 2);
+  EXPECT_EQ(task["config"]["preprocessor"], preprocessor);
+  // and still loads here
+  EXPECT_EQ(run_meshtune("generate " + quote(dir) + " --prompt hi --max-length 8").exit_code, 0);
+}

@@ -68,6 +68,14 @@ void save_keras_preset(const GemmaModel& model, const std::string& tokenizer_pat
                                    {"config_file", "preprocessor.json"}, {"sequence_length", sequence_length},
                                    {"add_start_token", true}, {"add_end_token", true}}},
                        {"registered_name", "keras_hub>" + cap + "CausalLMPreprocessor"}};
+  if (g3) {
+    // A text-only Gemma 3, as KerasHub's get_config writes it: without has_vision_tokens=false,
+    // Gemma3Tokenizer looks for <img> and friends in the vocabulary and fails to load.
+    tokenizer["config"]["has_vision_tokens"] = false;
+    preprocessor["config"]["tokenizer"] = tokenizer;
+    preprocessor["config"]["num_vision_tokens_per_image"] = 256;
+    preprocessor["config"]["max_images_per_prompt"] = 2;
+  }
   json task = {{"module", "keras_hub.src.models." + prefix + "." + prefix + "_causal_lm"},
                {"class_name", cap + "CausalLM"},
                {"config", {{"backbone", backbone}, {"preprocessor", preprocessor}, {"name", prefix + "_causal_lm"}}},
