@@ -243,7 +243,26 @@ TEST(Cli, HfConfigFieldsHaveTransformersTypes) {
                             "num_key_value_heads", "head_dim", "max_position_embeddings", "pad_token_id", "eos_token_id",
                             "bos_token_id"})
       EXPECT_TRUE(c.contains(key) && c[key].is_number_integer()) << key << " in " << c.dump();
+    // Every field GemmaConfig / Gemma2Config declare at that commit, but rope_parameters (we write
+    // the legacy rope_theta, which every version reads); Gemma3TextConfig: Gemma2Config's fields.
+    std::vector<std::string> declared = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                         "num_attention_heads", "num_key_value_heads", "head_dim",
+                                         "max_position_embeddings", "initializer_range", "rms_norm_eps", "use_cache",
+                                         "pad_token_id", "eos_token_id", "bos_token_id", "tie_word_embeddings",
+                                         "attention_bias", "attention_dropout", "use_bidirectional_attention"};
+    if (family == "tiny") declared.push_back("hidden_act");
+    else
+      for (const char* key : {"hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types",
+                              "final_logit_softcapping", "attn_logit_softcapping"})
+        declared.push_back(key);
+    for (const std::string& key : declared) EXPECT_TRUE(c.contains(key)) << key << " missing in " << c.dump();
     EXPECT_TRUE(c["rms_norm_eps"].is_number()) << c.dump();
+    EXPECT_TRUE(c["initializer_range"].is_number_float() && c["attention_dropout"].is_number()) << c.dump();
+    EXPECT_TRUE(c["use_cache"].is_boolean() && c["attention_bias"].is_boolean()) << c.dump();
+    if (family != "tiny") {
+      ASSERT_TRUE(c["layer_types"].is_array()) << c.dump();
+      EXPECT_EQ(c["layer_types"].size(), c["num_hidden_layers"].get<size_t>());
+    }
     EXPECT_TRUE(c["tie_word_embeddings"].is_boolean()) << c.dump();
     EXPECT_TRUE(c["query_pre_attn_scalar"].is_number_integer()) << c.dump();  // was 16.0
     if (family == "tiny") EXPECT_EQ(c.value("hidden_act", ""), "gelu_pytorch_tanh") << c.dump();

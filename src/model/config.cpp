@@ -235,10 +235,21 @@ json GemmaConfig::to_hf_json() const {
             {"query_pre_attn_scalar", query_scale_dim == std::round(query_scale_dim) ? json(int64_t(query_scale_dim))
                                                                                       : json(double(query_scale_dim))}};
   if (family == 1) j["hidden_act"] = "gelu_pytorch_tanh";  // GemmaConfig's name; Gemma 2/3 use hidden_activation
+  // The rest of what transformers' configs declare, at the values these models have.
+  j["initializer_range"] = 0.02;
+  j["use_cache"] = true;
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["use_bidirectional_attention"] = nullptr;
   if (family >= 2) {
     j["attn_logit_softcapping"] = attention_logit_soft_cap > 0 ? json(double(attention_logit_soft_cap)) : json();
     j["final_logit_softcapping"] = final_logit_soft_cap > 0 ? json(double(final_logit_soft_cap)) : json();
     j["sliding_window"] = use_sliding_window_attention ? json(sliding_window_size) : json();
+    j["cache_implementation"] = "hybrid";
+    json layer_types = json::array();  // the per-layer attention pattern, as transformers derives it
+    for (int layer = 0; layer < num_layers; ++layer)
+      layer_types.push_back(is_sliding(layer) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = layer_types;
   }
   if (family == 3) {
     j["rope_local_base_freq"] = double(rope_local_base);
