@@ -172,7 +172,7 @@ TEST(TFRecord, NotAnExampleOrNoText) {
   expect_error([&] { load_dataset("tfrecord:" + path); }, {path, "record 0", "not a tf.train.Example"});
 
   // A custom field name that the records lack.
-  expect_error([&] { load_dataset("tfrecord:" + dir + "/ok.tfrecord", "body"); }, {"ok.tfrecord", "body"});
+  expect_error([&] { load_dataset("tfrecord:" + dir + "/ok.tfrecord", DataFields{"body"}); }, {"ok.tfrecord", "body"});
 }
 
 // ---- aclImdb ----
@@ -206,7 +206,29 @@ TEST(Jsonl, Good) {
   Dataset d = load_dataset(path);
   EXPECT_EQ(d.texts, (std::vector<std::string>{"first", "café \"q\""}));
   write_text(path, "{\"body\": \"x\"}\n{\"body\": \"y\", \"text\": 3}");
-  EXPECT_EQ(load_dataset("jsonl:" + path, "body").texts, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(load_dataset("jsonl:" + path, DataFields{"body"}).texts, (std::vector<std::string>{"x", "y"}));
+}
+
+// Prompt/response pairs (Keras' {"prompts", "responses"}, also the singular names), for the
+// answer-only loss; the first example decides whether the file holds pairs or texts.
+TEST(Jsonl, PromptResponsePairs) {
+  std::string dir = make_temp_dir("jsonlpairs");
+  std::string path = dir + "/pairs.jsonl";
+  write_text(path, "{\"prompts\": \"Say hi\", \"responses\": \"hi\"}\n{\"prompt\": \"Who?\", \"response\": \"Us.\"}\n");
+  Dataset d = load_dataset(path);
+  EXPECT_EQ(d.texts, (std::vector<std::string>{"Say hi", "Who?"}));
+  EXPECT_EQ(d.responses, (std::vector<std::string>{"hi", "Us."}));
+  write_text(path, "{\"q\": \"a\", \"a\": \"b\"}\n");
+  DataFields fields;
+  fields.prompt = "q";
+  fields.response = "a";
+  EXPECT_EQ(load_dataset("jsonl:" + path, fields).responses, (std::vector<std::string>{"b"}));
+  write_text(path, "{\"prompts\": \"a\", \"responses\": \"b\"}\n{\"prompts\": \"c\"}\n");
+  expect_error([&] { load_dataset(path); }, {path, "line 2", "responses"});
+  write_text(path, "{\"prompts\": \"a\", \"responses\": \"\"}\n");
+  expect_error([&] { load_dataset(path); }, {path, "line 1", "empty response"});
+  write_text(path, "{\"prompts\": \"a\", \"responses\": 4}\n");
+  expect_error([&] { load_dataset(path); }, {path, "line 1", "strings"});
 }
 
 TEST(Jsonl, Errors) {
@@ -307,6 +329,31 @@ std::vector<int> epoch_indices(const BatchStream& s, size_t epoch) {
     for (int64_t r = 0; r < b.batch_size; ++r) out.push_back(b.token_ids[size_t(r * b.seq_len + 1)] - 100);
   }
   return out;
+}
+
+// A batch of prompt/response pairs is the preprocessor's packing: weight 0 on every prompt target.
+TEST(BatchStream, PromptResponsePairsWeighOnlyTheResponse) {
+  const Tokenizer tok(fixture("keras/preset-gemma-tiny/assets/tokenizer/vocabulary.spm"));
+  Dataset d;
+  d.source = "pairs";
+  d.texts = {"What does the license allow?", "Say hi"};
+  d.responses = {"You may copy it.", "hi"};
+  BatchOptions o;
+  o.sequence_length = 24;
+  o.batch_size = 2;
+  o.shuffle = false;
+  const Batch batch = BatchStream(d, &tok, o).batch(0, 0);
+  for (size_t b = 0; b < 2; ++b) {
+    const PackedExample p = pack_prompt_response(tok.encode(d.texts[b]), tok.encode(d.responses[b]), 24, tok.bos_id(),
+                                                 tok.eos_id(), tok.pad_id());
+    EXPECT_EQ(std::vector<int32_t>(batch.token_ids.begin() + long(b * 24), batch.token_ids.begin() + long(b * 24 + 24)),
+              p.token_ids);
+    EXPECT_EQ(std::vector<float>(batch.sample_weight.begin() + long(b * 24), batch.sample_weight.begin() + long(b * 24 + 24)),
+              p.sample_weight);
+    const size_t prompt_tokens = tok.encode(d.texts[b]).size();
+    for (size_t t = 0; t < prompt_tokens; ++t) EXPECT_EQ(batch.sample_weight[b * 24 + t], 0.f) << "prompt target " << t;
+    EXPECT_EQ(batch.sample_weight[b * 24 + prompt_tokens], 1.f) << "first response target";
+  }
 }
 
 TEST(BatchStream, StepsAndPartialLastBatch) {

@@ -112,5 +112,36 @@ TEST(Preprocessor, Pretokenized) {
   EXPECT_THROW(pack_pretokenized({2}, 0), Error);
 }
 
+// {"prompts", "responses"} packing against shared/fixtures/keras2/chat (KerasHub's tokenizer and
+// MultiSegmentPacker, following gemma3_causal_lm_preprocessor.py): three short pairs and one pair
+// that round-robin truncation cuts.
+TEST(Preprocessor, PromptResponsePairsMatchKerasHub) {
+  Tokenizer tok(fixture(kKerasModel));
+  const json inputs = testing::load_json(fixture("keras2/chat/inputs.json"));
+  const int L = inputs["sequence_length"].get<int>();
+  for (const std::string name : {"pairs", "long_pair"}) {
+    SCOPED_TRACE(name);
+    const json& pairs = inputs[name == "pairs" ? "chat_pairs" : "long_pair"];
+    const std::string base = fixture("keras2/chat/expected_" + name + "_");
+    const std::vector<int32_t> x = testing::npy_ints(base + "x_token_ids.npy"), y = testing::npy_ints(base + "y.npy"),
+                               mask = testing::npy_ints(base + "x_padding_mask.npy"),
+                               weight = testing::npy_ints(base + "sample_weight.npy");
+    const size_t n = pairs["prompts"].size();
+    ASSERT_EQ(x.size(), n * size_t(L));
+    for (size_t b = 0; b < n; ++b) {
+      const PackedExample p = pack_prompt_response(tok.encode(pairs["prompts"][b].get<std::string>()),
+                                                   tok.encode(pairs["responses"][b].get<std::string>()), L, tok.bos_id(),
+                                                   tok.eos_id(), tok.pad_id());
+      for (size_t t = 0; t < size_t(L); ++t) {
+        const size_t i = b * size_t(L) + t;
+        EXPECT_EQ(p.token_ids[t], x[i]) << "row " << b << " position " << t;
+        EXPECT_EQ(p.targets[t], y[i]) << "row " << b << " position " << t;
+        EXPECT_EQ(int(p.padding_mask[t]), mask[i]) << "row " << b << " position " << t;
+        EXPECT_EQ(int(p.sample_weight[t]), weight[i]) << "row " << b << " position " << t;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshtune

@@ -16,6 +16,7 @@
 #include "model/lora.h"
 #include "npz_reader.h"
 #include "test_util.h"
+#include "text/preprocessor.h"
 #include "train/trainer.h"
 
 using namespace meshtune;
@@ -212,6 +213,43 @@ TEST_P(ModelGradient, FullAndLoraGradientsMatchFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Families, ModelGradient, ::testing::Values("tiny", "tiny-gemma2", "tiny-gemma3"),
                          [](const auto& info) { return std::string(info.param == "tiny" ? "Gemma1" : info.param == "tiny-gemma2" ? "Gemma2" : "Gemma3"); });
 
+// Answer-only loss: with prompt/response packing, what the prompt positions' targets are changes no
+// gradient at all (weight 0 really is 0), while changing a response target does.
+TEST(AnswerOnlyLoss, PromptTargetsDoNotReachTheGradients) {
+  GemmaModel model = random_model(named_config("tiny-gemma3", 61), 4);
+  std::optional<LoraWeights> lora = enable_lora(model.config, 2, parse_lora_targets({"all"}), 3);
+  std::mt19937 rng(9);
+  for (auto& a : lora->adapters)
+    for (float& x : a.b) x = float(std::normal_distribution<double>(0, 0.3)(rng));
+  const int L = 12;
+  const PackedExample packed = pack_prompt_response({5, 6, 7, 8, 9}, {10, 11, 12}, L, 2, 1, 0);
+  auto gradients_for = [&](const std::vector<int32_t>& targets) {
+    Batch batch;
+    batch.batch_size = 1;
+    batch.seq_len = L;
+    batch.token_ids = packed.token_ids;
+    batch.padding_mask = packed.padding_mask;
+    batch.targets = targets;
+    batch.sample_weight = packed.sample_weight;
+    FitOptions options;
+    options.adamw.learning_rate = 0;
+    options.adamw.weight_decay = 0;
+    Trainer trainer(model, lora, options);
+    trainer.train_step(batch, 0.0);
+    std::vector<float> all;
+    for (const Parameter& p : trainer.parameters()) all.insert(all.end(), p.grad, p.grad + p.size);
+    return all;
+  };
+  const std::vector<float> base = gradients_for(packed.targets);
+  std::vector<int32_t> other_prompt_targets = packed.targets, other_response_target = packed.targets;
+  for (int t = 0; t < L; ++t)
+    if (packed.sample_weight[size_t(t)] == 0.f) other_prompt_targets[size_t(t)] = 40 + t;
+  for (int t = 0; t < L; ++t)
+    if (packed.sample_weight[size_t(t)] == 1.f) { other_response_target[size_t(t)] = 33; break; }
+  EXPECT_EQ(gradients_for(other_prompt_targets), base);  // bit for bit
+  EXPECT_NE(gradients_for(other_response_target), base);
+}
+
 // A run SIGKILLed after step 3 and resumed ends bit-identical to an uninterrupted run.
 TEST(Resume, KilledRunResumesBitIdentically) {
   const std::string root = make_temp_dir("resume");
@@ -274,6 +312,20 @@ TEST(FinetuneCli, StepsCycleTheDataAndEpochsCapThem) {
   CommandResult capped = run_meshtune(train + "--steps 5 --epochs 2 --no-progress --out " + root + "/capped");
   ASSERT_EQ(capped.exit_code, 0) << capped.err;
   EXPECT_EQ(json::parse(capped.out)["steps"], 2);
+  std::filesystem::remove_all(root);
+}
+
+// Prompt/response JSONL trains end to end (the loss on the responses only).
+TEST(FinetuneCli, PromptResponseDataTrains) {
+  const std::string root = make_temp_dir("ftpairs");
+  ASSERT_EQ(run_meshtune("init --config tiny-gemma3 " + root + "/tiny").exit_code, 0);
+  { std::ofstream(root + "/pairs.jsonl") << "{\"prompts\": \"Say hi\", \"responses\": \"hi\"}\n"
+                                            "{\"prompt\": \"Is it good?\", \"response\": \"A great movie.\"}\n"; }
+  CommandResult r = run_meshtune("finetune " + root + "/tiny --data " + root + "/pairs.jsonl --batch-size 2 --seq-len 16 "
+                                 "--steps 3 --no-progress --out " + root + "/run");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const double loss = json::parse(r.out)["loss"].get<double>();
+  EXPECT_TRUE(std::isfinite(loss) && loss > 0) << r.out;
   std::filesystem::remove_all(root);
 }
 

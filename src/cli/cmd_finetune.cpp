@@ -47,7 +47,8 @@ Runner add_finetune_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("finetune", "Fine-tune with LoRA (default rank 4) or all parameters (--full)");
   struct Options {
     ModelOptions model;
-    std::string data, text_field = "text", validation_data, out = "runs/finetune";
+    std::string data, validation_data, out = "runs/finetune";
+    DataFields fields;
     size_t take = 0, validation_take = 0;
     uint64_t shuffle_seed = 0;
     bool no_shuffle = false, full = false, resume = false, overwrite = false, no_progress = false, epochs_given = false;
@@ -65,7 +66,12 @@ Runner add_finetune_command(CLI::App& app) {
   o->model.add_to(*cmd, /*with_lora=*/false);
   cmd->add_option("--data", o->data, "Training data: tfrecord:|aclimdb:|jsonl:|text:|npy:PATH (kind detected if omitted)")
       ->required();
-  cmd->add_option("--text-field", o->text_field, "JSONL field holding the text (default text)");
+  cmd->add_option("--text-field", o->fields.text, "JSONL field holding the text (default text)");
+  cmd->add_option("--prompt-field", o->fields.prompt,
+                  "JSONL field of a prompt/response pair's prompt (default prompts, also prompt); the loss is on "
+                  "the response only");
+  cmd->add_option("--response-field", o->fields.response,
+                  "JSONL field of a prompt/response pair's response (default responses, also response)");
   cmd->add_option("--take", o->take, "Use only the first N examples (the tutorial's .take(2000))");
   cmd->add_option("--shuffle-seed", o->shuffle_seed, "Seed of the per-epoch shuffle (default 0)");
   cmd->add_flag("--no-shuffle", o->no_shuffle, "Keep the data in file order");
@@ -137,7 +143,7 @@ Runner add_finetune_command(CLI::App& app) {
     check(o->seq_len <= config.max_sequence_length, "--seq-len ", o->seq_len, " exceeds the model's maximum sequence length ",
           config.max_sequence_length);
 
-    Dataset dataset = load_dataset(o->data, o->text_field);
+    Dataset dataset = load_dataset(o->data, o->fields);
     BatchOptions batch_options;
     batch_options.sequence_length = o->seq_len;
     batch_options.batch_size = o->batch_size;
@@ -270,7 +276,7 @@ Runner add_finetune_command(CLI::App& app) {
       BatchOptions vo = batch_options;
       vo.shuffle = false;
       vo.take = o->validation_take;
-      BatchStream validation(load_dataset(o->validation_data, o->text_field), loaded.tokenizer.get(), vo);
+      BatchStream validation(load_dataset(o->validation_data, o->fields), loaded.tokenizer.get(), vo);
       EpochMetrics v = trainer.evaluate(validation);
       result["val_loss"] = v.loss;
       result["val_accuracy"] = v.accuracy;

@@ -66,11 +66,16 @@ BatchStream::BatchStream(const Dataset& data, const Tokenizer* tokenizer, const 
     }
   } else {
     check(tokenizer != nullptr, "data ", data.source, ": a text data set needs a tokenizer");
-    token_lists_.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      std::vector<int> tokens = tokenizer->encode(tokenizable_prefix(data.texts[i], options.sequence_length));
+    auto tokenize = [&](const std::string& text) {
+      std::vector<int> tokens = tokenizer->encode(tokenizable_prefix(text, options.sequence_length));
       if (tokens.size() > size_t(options.sequence_length)) tokens.resize(size_t(options.sequence_length));  // never used
-      token_lists_.push_back(std::move(tokens));
+      return tokens;
+    };
+    token_lists_.reserve(n);
+    for (size_t i = 0; i < n; ++i) token_lists_.push_back(tokenize(data.texts[i]));
+    if (!data.responses.empty()) {
+      check(data.responses.size() == data.texts.size(), "data ", data.source, ": prompts and responses differ in number");
+      for (size_t i = 0; i < n; ++i) response_lists_.push_back(tokenize(data.responses[i]));
     }
   }
 }
@@ -99,9 +104,11 @@ Batch BatchStream::batch(size_t epoch, size_t step) const {
   out.sample_weight.reserve(total);
   for (size_t k = begin; k < end; ++k) {
     const size_t i = order[k];
-    const PackedExample p = rows_.empty()
-                                ? pack_for_training(token_lists_[i], options_.sequence_length, bos_, eos_, pad_)
-                                : pack_pretokenized(rows_[i], pad_);
+    const PackedExample p =
+        !rows_.empty()           ? pack_pretokenized(rows_[i], pad_)
+        : response_lists_.empty() ? pack_for_training(token_lists_[i], options_.sequence_length, bos_, eos_, pad_)
+                                  : pack_prompt_response(token_lists_[i], response_lists_[i], options_.sequence_length,
+                                                         bos_, eos_, pad_);
     out.token_ids.insert(out.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
     out.padding_mask.insert(out.padding_mask.end(), p.padding_mask.begin(), p.padding_mask.end());
     out.targets.insert(out.targets.end(), p.targets.begin(), p.targets.end());

@@ -45,7 +45,8 @@ class BatchStream {
 
  private:
   BatchOptions options_;
-  std::vector<std::vector<int>> token_lists_;  // text sources, tokenized (no BOS/EOS)
+  std::vector<std::vector<int>> token_lists_;     // text sources (or prompts), tokenized (no BOS/EOS)
+  std::vector<std::vector<int>> response_lists_;  // prompt/response sources: the responses
   std::vector<std::vector<int32_t>> rows_;     // pre-tokenized sources
   int bos_ = 2, eos_ = 1, pad_ = 0;
 };

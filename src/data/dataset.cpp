@@ -290,20 +290,44 @@ std::vector<std::string> load_aclimdb(const fs::path& path) {
   return texts;
 }
 
-std::vector<std::string> load_jsonl(const fs::path& path, const std::string& field) {
+// A field of one JSONL object: `name`, or its singular/plural twin when `name` is a default.
+const json* find_field(const json& obj, const std::string& name, const char* twin) {
+  if (auto it = obj.find(name); it != obj.end()) return &*it;
+  if (twin)
+    if (auto it = obj.find(twin); it != obj.end()) return &*it;
+  return nullptr;
+}
+
+// Text examples, or prompt/response pairs when the first example has both pair fields.
+void load_jsonl(const fs::path& path, const DataFields& fields, Dataset& data) {
   const std::string file = path.string();
   const std::vector<std::string> lines = split_lines(read_file(file));
-  std::vector<std::string> texts;
+  const char* prompt_twin = fields.prompt == "prompts" ? "prompt" : nullptr;
+  const char* response_twin = fields.response == "responses" ? "response" : nullptr;
+  int pairs = -1;  // decided by the first example
   for (size_t i = 0; i < lines.size(); ++i) {
     if (is_blank(lines[i])) continue;
-    const json obj = parse_json(lines[i], "file " + file + " line " + std::to_string(i + 1));
-    check(obj.is_object(), "file ", file, " line ", i + 1, ": not a JSON object");
-    auto it = obj.find(field);
-    check(it != obj.end(), "file ", file, " line ", i + 1, ": no field '", brief(field), "'");
-    check(it->is_string(), "file ", file, " line ", i + 1, ": field '", field, "' is not a string");
-    texts.push_back(it->get<std::string>());
+    const std::string where = "file " + file + " line " + std::to_string(i + 1);
+    const json obj = parse_json(lines[i], where);
+    check(obj.is_object(), where, ": not a JSON object");
+    const json* prompt = find_field(obj, fields.prompt, prompt_twin);
+    const json* response = find_field(obj, fields.response, response_twin);
+    if (pairs < 0) pairs = prompt && response && !obj.contains(fields.text);
+    if (pairs) {
+      check(prompt && response, where, ": no field '", brief(prompt ? fields.response : fields.prompt),
+            "' (the file's first example is a prompt/response pair)");
+      check(prompt->is_string() && response->is_string(), where, ": fields '", brief(fields.prompt), "' and '",
+            brief(fields.response), "' must be strings");
+      check(!response->get_ref<const std::string&>().empty(), where, ": empty response");
+      data.texts.push_back(prompt->get<std::string>());
+      data.responses.push_back(response->get<std::string>());
+    } else {
+      auto it = obj.find(fields.text);
+      check(it != obj.end(), where, ": no field '", brief(fields.text), "'");
+      check(it->is_string(), where, ": field '", brief(fields.text), "' is not a string");
+      data.texts.push_back(it->get<std::string>());
+    }
   }
-  return texts;
 }
 
 std::vector<std::string> load_text(const fs::path& path) {
@@ -344,7 +368,7 @@ std::vector<std::vector<int32_t>> load_npy_rows(const fs::path& path) {
 
 }  // namespace
 
-Dataset load_dataset(const std::string& spec, const std::string& text_field) {
+Dataset load_dataset(const std::string& spec, const DataFields& fields) {
   if (spec == "sample") {  // the project's own movie reviews, built in
     Dataset data;
     data.source = spec;
@@ -382,9 +406,9 @@ Dataset load_dataset(const std::string& spec, const std::string& text_field) {
 
   Dataset data;
   data.source = spec;
-  if (kind == "tfrecord") data.texts = load_tfrecord(path, text_field);
+  if (kind == "tfrecord") data.texts = load_tfrecord(path, fields.text);
   if (kind == "aclimdb") data.texts = load_aclimdb(path);
-  if (kind == "jsonl") data.texts = load_jsonl(path, text_field);
+  if (kind == "jsonl") load_jsonl(path, fields, data);
   if (kind == "text") data.texts = load_text(path);
   if (kind == "npy") data.token_rows = load_npy_rows(path);
   check(data.size() > 0, "data ", spec, ": no examples in ", path);

@@ -29,6 +29,37 @@ PackedExample pack_for_training(const std::vector<int>& tokens, int sequence_len
   return out;
 }
 
+PackedExample pack_prompt_response(const std::vector<int>& prompt, const std::vector<int>& response,
+                                   int sequence_length, int bos_id, int eos_id, int pad_id) {
+  check(sequence_length >= 1, "preprocessor: sequence_length must be >= 1, got ", sequence_length);
+  const size_t L = size_t(sequence_length);
+  // Round-robin truncation to the L−1 places between bos and eos.
+  size_t budget = L - 1, keep_prompt = 0, keep_response = 0;
+  while (budget > 0 && (keep_prompt < prompt.size() || keep_response < response.size())) {
+    if (keep_prompt < prompt.size()) keep_prompt++, budget--;
+    if (budget > 0 && keep_response < response.size()) keep_response++, budget--;
+  }
+  std::vector<int32_t> ids(L + 1, int32_t(pad_id));
+  std::vector<uint8_t> in_response(L + 1, 0);  // MultiSegmentPacker's segment id 1 (eos included)
+  size_t n = 0;
+  ids[n++] = bos_id;
+  for (size_t i = 0; i < keep_prompt; ++i) ids[n++] = prompt[i];
+  for (size_t i = 0; i < keep_response; ++i) in_response[n] = 1, ids[n++] = response[i];
+  in_response[n] = 1;
+  ids[n++] = eos_id;
+
+  PackedExample out;
+  out.token_ids.assign(ids.begin(), ids.end() - 1);
+  out.targets.assign(ids.begin() + 1, ids.end());
+  out.padding_mask.resize(L);
+  out.sample_weight.resize(L);
+  for (size_t i = 0; i < L; ++i) {
+    out.padding_mask[i] = out.token_ids[i] != pad_id;
+    out.sample_weight[i] = in_response[i + 1] ? 1.0f : 0.0f;
+  }
+  return out;
+}
+
 PackedExample pack_pretokenized(const std::vector<int32_t>& row, int pad_id) {
   check(row.size() >= 2, "preprocessor: a pre-tokenized row needs at least 2 ids, got ", row.size());
   const size_t L = row.size() - 1;

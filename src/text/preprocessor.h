@@ -18,6 +18,14 @@ struct PackedExample {
 PackedExample pack_for_training(const std::vector<int>& tokens, int sequence_length, int bos_id, int eos_id,
                                 int pad_id);
 
+// A prompt/response pair, as KerasHub's Gemma3CausalLMPreprocessor packs {"prompts", "responses"}:
+// [bos] + prompt + response + [eos] packed to L+1 (MultiSegmentPacker, round-robin truncation: one
+// token to the prompt, then one to the response, while the L−1 places last), right-padded; x =
+// ids[:-1], y = ids[1:], padding_mask = x != pad, sample_weight 1 exactly where the target is a
+// response token or the final eos (the answer-only loss).
+PackedExample pack_prompt_response(const std::vector<int>& prompt, const std::vector<int>& response,
+                                   int sequence_length, int bos_id, int eos_id, int pad_id);
+
 // A pre-tokenized row (BOS, EOS and padding id 0 included, length L+1): x = row[:-1], y = row[1:],
 // weight 0 where the target is padding, padding_mask = row[:-1] != pad.
 PackedExample pack_pretokenized(const std::vector<int32_t>& row, int pad_id);
