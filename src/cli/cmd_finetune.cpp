@@ -56,7 +56,7 @@ Runner add_finetune_command(CLI::App& app) {
     int64_t steps = 0, checkpoint_every = 0, warmup_steps = 0;
     double lora_alpha = 0, lr = 5e-5, weight_decay = 0.01, beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7;
     double clipnorm = 0, clipvalue = 0, global_clipnorm = 0, final_lr_fraction = 0;
-    std::string lora_targets = "query,value", lora_init, no_decay, schedule = "constant", log_jsonl;
+    std::string lora_targets = "query,value", lora_init, no_decay, schedule = "constant", log_jsonl, train_on = "responses";
     uint64_t lora_seed = 0;
     std::vector<std::string> sample_prompts;
     int sample_max_length = 64;
@@ -70,6 +70,10 @@ Runner add_finetune_command(CLI::App& app) {
   cmd->add_option("--prompt-field", o->fields.prompt,
                   "JSONL field of a prompt/response pair's prompt (default prompts, also prompt); the loss is on "
                   "the response only");
+  cmd->add_option("--train-on", o->train_on,
+                  "Conversations ({\"messages\": [...]}): the loss on the model turns (responses, default) or on every "
+                  "token (all)")
+      ->check(CLI::IsMember({"responses", "all"}));
   cmd->add_option("--response-field", o->fields.response,
                   "JSONL field of a prompt/response pair's response (default responses, also response)");
   cmd->add_option("--take", o->take, "Use only the first N examples (the tutorial's .take(2000))");
@@ -150,6 +154,7 @@ Runner add_finetune_command(CLI::App& app) {
     batch_options.take = o->take;
     batch_options.shuffle = !o->no_shuffle;
     batch_options.shuffle_seed = o->shuffle_seed;
+    batch_options.train_on_all_turns = o->train_on == "all";
     BatchStream stream(dataset, loaded.tokenizer.get(), batch_options);
 
     std::optional<LoraWeights> lora;

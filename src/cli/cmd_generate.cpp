@@ -1,11 +1,14 @@
 // meshtune generate MODEL --prompt TEXT [--prompt TEXT ...] [--max-length N] [--sampler ...] [--json]
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli/loading.h"
 #include "cli/mesh_options.h"
+#include "core/error.h"
 #include "dist/sharded_model.h"
 #include "generate/generate.h"
+#include "text/chat.h"
 #include "model/lora_files.h"
 
 namespace meshtune::cli {
@@ -19,7 +22,7 @@ Runner add_generate_command(CLI::App& app) {
     SamplerOptions sampler;
     int64_t seed = -1;
     std::vector<int> stop_ids;
-    bool no_stop = false, json = false;
+    bool no_stop = false, json = false, chat = false;
     MeshOptions mesh;
   };
   auto o = std::make_shared<Options>();
@@ -35,6 +38,8 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Seed for the random samplers (default: nondeterministic)");
   cmd->add_option("--stop-token-id", o->stop_ids, "Stop token ids (default: <eos>, and <end_of_turn> on Gemma 3)");
   cmd->add_flag("--no-stop", o->no_stop, "Never stop early: always generate up to --max-length");
+  cmd->add_flag("--chat", o->chat,
+                "Each prompt is a user turn in Gemma's chat template, answered by the model; stops at <end_of_turn>");
   cmd->add_flag("--json", o->json, "Print one JSON object per prompt: prompt, text (the completion), token_ids");
   o->mesh.add_to(*cmd);
   return [o] {
@@ -74,14 +79,24 @@ Runner add_generate_command(CLI::App& app) {
       options.sampler.seed = uint64_t(o->seed);
     }
     options.stop_token_ids = o->stop_ids.empty() ? default_stop_token_ids(loaded.model, *loaded.tokenizer) : o->stop_ids;
+    std::vector<std::string> prompts = o->prompts;
+    if (o->chat) {
+      for (std::string& p : prompts) p = render_gemma_chat({{"user", p}}, /*add_generation_prompt=*/true);
+      const int end_of_turn = loaded.tokenizer->piece_to_id("<end_of_turn>");
+      check(end_of_turn >= 0, loaded.dir.tokenizer_path, ": --chat needs <end_of_turn> in the vocabulary");
+      if (o->stop_ids.empty() && std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), end_of_turn) ==
+                                     options.stop_token_ids.end())
+        options.stop_token_ids.push_back(end_of_turn);
+    }
     if (o->no_stop) options.stop_token_ids.clear();
-    for (const GeneratedText& r : generate_text(loaded.model, *loaded.tokenizer, o->prompts, options)) {
-      if (!main_process) continue;
+    const std::vector<GeneratedText> results = generate_text(loaded.model, *loaded.tokenizer, prompts, options);
+    for (size_t i = 0; i < results.size() && main_process; ++i) {
+      const GeneratedText& r = results[i];
       if (o->json) {
-        nlohmann::json j = {{"prompt", r.prompt}, {"text", r.completion}, {"token_ids", r.token_ids}};
+        nlohmann::json j = {{"prompt", o->prompts[i]}, {"text", r.completion}, {"token_ids", r.token_ids}};
         std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       } else {
-        std::cout << r.text << "\n";
+        std::cout << (o->chat ? o->prompts[i] + "\n" + r.completion : r.text) << "\n";  // chat: the question, the answer
       }
     }
     return 0;

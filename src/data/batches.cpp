@@ -72,7 +72,19 @@ BatchStream::BatchStream(const Dataset& data, const Tokenizer* tokenizer, const 
       return tokens;
     };
     token_lists_.reserve(n);
-    for (size_t i = 0; i < n; ++i) token_lists_.push_back(tokenize(data.texts[i]));
+    for (size_t i = 0; i < n && data.conversations.empty(); ++i) token_lists_.push_back(tokenize(data.texts[i]));
+    for (size_t i = 0; i < n && !data.conversations.empty(); ++i) {
+      // Each piece of the rendered template on its own: pieces meet at special tokens and line
+      // breaks, and each piece's tokens take its weight.
+      std::vector<int> tokens;
+      std::vector<uint8_t> weights;
+      for (const ChatSegment& segment : chat_segments(data.conversations[i], options.train_on_all_turns)) {
+        if (tokens.size() >= size_t(options.sequence_length)) break;  // the rest is never used
+        for (int id : tokenize(segment.text)) tokens.push_back(id), weights.push_back(segment.trained);
+      }
+      token_lists_.push_back(std::move(tokens));
+      weight_lists_.push_back(std::move(weights));
+    }
     if (!data.responses.empty()) {
       check(data.responses.size() == data.texts.size(), "data ", data.source, ": prompts and responses differ in number");
       for (size_t i = 0; i < n; ++i) response_lists_.push_back(tokenize(data.responses[i]));
@@ -106,6 +118,7 @@ Batch BatchStream::batch(size_t epoch, size_t step) const {
     const size_t i = order[k];
     const PackedExample p =
         !rows_.empty()           ? pack_pretokenized(rows_[i], pad_)
+        : !weight_lists_.empty()  ? pack_weighted(token_lists_[i], weight_lists_[i], options_.sequence_length, bos_, pad_)
         : response_lists_.empty() ? pack_for_training(token_lists_[i], options_.sequence_length, bos_, eos_, pad_)
                                   : pack_prompt_response(token_lists_[i], response_lists_[i], options_.sequence_length,
                                                          bos_, eos_, pad_);

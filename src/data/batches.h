@@ -26,6 +26,7 @@ struct BatchOptions {
   size_t take = 0;            // 0 = all examples
   bool shuffle = true;
   uint64_t shuffle_seed = 0;
+  bool train_on_all_turns = false;  // conversations: the loss on every token, not only the model's turns
 };
 
 // The part of an example's text that tokenizing needs when only the first `sequence_length` tokens
@@ -47,6 +48,7 @@ class BatchStream {
   BatchOptions options_;
   std::vector<std::vector<int>> token_lists_;     // text sources (or prompts), tokenized (no BOS/EOS)
   std::vector<std::vector<int>> response_lists_;  // prompt/response sources: the responses
+  std::vector<std::vector<uint8_t>> weight_lists_;  // conversations: a 0/1 weight per token
   std::vector<std::vector<int32_t>> rows_;     // pre-tokenized sources
   int bos_ = 2, eos_ = 1, pad_ = 0;
 };

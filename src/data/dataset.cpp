@@ -304,7 +304,7 @@ void load_jsonl(const fs::path& path, const DataFields& fields, Dataset& data) {
   const std::vector<std::string> lines = split_lines(read_file(file));
   const char* prompt_twin = fields.prompt == "prompts" ? "prompt" : nullptr;
   const char* response_twin = fields.response == "responses" ? "response" : nullptr;
-  int pairs = -1;  // decided by the first example
+  int pairs = -1;  // decided by the first example: 0 texts, 1 prompt/response pairs, 2 conversations
   for (size_t i = 0; i < lines.size(); ++i) {
     if (is_blank(lines[i])) continue;
     const std::string where = "file " + file + " line " + std::to_string(i + 1);
@@ -312,8 +312,14 @@ void load_jsonl(const fs::path& path, const DataFields& fields, Dataset& data) {
     check(obj.is_object(), where, ": not a JSON object");
     const json* prompt = find_field(obj, fields.prompt, prompt_twin);
     const json* response = find_field(obj, fields.response, response_twin);
-    if (pairs < 0) pairs = prompt && response && !obj.contains(fields.text);
-    if (pairs) {
+    if (pairs < 0) pairs = obj.contains("messages") ? 2 : prompt && response && !obj.contains(fields.text) ? 1 : 0;
+    if (pairs == 2) {  // a conversation
+      const JsonValue messages = JsonValue(obj, where)["messages"];
+      std::vector<ChatMessage> conversation;
+      for (const JsonValue& m : messages.elements()) conversation.push_back({m["role"].string(), m["content"].string()});
+      validate_chat(conversation, true, where);
+      data.conversations.push_back(std::move(conversation));
+    } else if (pairs == 1) {
       check(prompt && response, where, ": no field '", brief(prompt ? fields.response : fields.prompt),
             "' (the file's first example is a prompt/response pair)");
       check(prompt->is_string() && response->is_string(), where, ": fields '", brief(fields.prompt), "' and '",

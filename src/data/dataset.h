@@ -6,7 +6,8 @@
 //                   split folder itself); files in name order, pos, neg, unsup.
 //   jsonl:PATH      one JSON object per line; the text is field `text_field` (default "text"), or
 //                   a prompt/response pair (fields `prompt_field` / `response_field`, default
-//                   "prompts" / "responses", also "prompt" / "response"), for the answer-only loss.
+//                   "prompts" / "responses", also "prompt" / "response"), for the answer-only loss,
+//                   or a conversation {"messages": [{"role", "content"}, …]} (Gemma's chat template).
 //   text:PATH       plain text, one example per line (blank lines skipped); a directory: one
 //                   example per *.txt file.
 //   npy:PATH        pre-tokenized int32 [N, T+1] rows (BOS, EOS and padding 0 included).
@@ -18,15 +19,20 @@
 #include <string>
 #include <vector>
 
+#include "text/chat.h"
+
 namespace meshtune {
 
 struct Dataset {
   std::string source;  // the SPEC, for messages
   std::vector<std::string> texts;                // text sources (the prompts when there are responses)
   std::vector<std::string> responses;            // prompt/response sources: one per text, else empty
+  std::vector<std::vector<ChatMessage>> conversations;  // {"messages": [...]} sources
   std::vector<std::vector<int32_t>> token_rows;  // npy source: each row T+1 ids
   bool pretokenized() const { return !token_rows.empty(); }
-  size_t size() const { return pretokenized() ? token_rows.size() : texts.size(); }
+  size_t size() const {
+    return pretokenized() ? token_rows.size() : !conversations.empty() ? conversations.size() : texts.size();
+  }
 };
 
 // Reads every example. Throws Error naming the file (and line/record) for a missing file, a bad

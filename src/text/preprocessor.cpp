@@ -60,6 +60,27 @@ PackedExample pack_prompt_response(const std::vector<int>& prompt, const std::ve
   return out;
 }
 
+PackedExample pack_weighted(const std::vector<int>& tokens, const std::vector<uint8_t>& weights, int sequence_length,
+                            int bos_id, int pad_id) {
+  check(sequence_length >= 1, "preprocessor: sequence_length must be >= 1, got ", sequence_length);
+  check(weights.size() == tokens.size(), "preprocessor: ", tokens.size(), " tokens but ", weights.size(), " weights");
+  const size_t L = size_t(sequence_length), kept = std::min(tokens.size(), L);
+  std::vector<int32_t> ids(L + 1, int32_t(pad_id));
+  std::vector<uint8_t> trained(L + 1, 0);
+  ids[0] = bos_id;
+  for (size_t i = 0; i < kept; ++i) ids[1 + i] = tokens[i], trained[1 + i] = weights[i];
+  PackedExample out;
+  out.token_ids.assign(ids.begin(), ids.end() - 1);
+  out.targets.assign(ids.begin() + 1, ids.end());
+  out.padding_mask.resize(L);
+  out.sample_weight.resize(L);
+  for (size_t i = 0; i < L; ++i) {
+    out.padding_mask[i] = i < kept + 1;
+    out.sample_weight[i] = trained[i + 1] ? 1.0f : 0.0f;
+  }
+  return out;
+}
+
 PackedExample pack_pretokenized(const std::vector<int32_t>& row, int pad_id) {
   check(row.size() >= 2, "preprocessor: a pre-tokenized row needs at least 2 ids, got ", row.size());
   const size_t L = row.size() - 1;

@@ -26,6 +26,11 @@ PackedExample pack_for_training(const std::vector<int>& tokens, int sequence_len
 PackedExample pack_prompt_response(const std::vector<int>& prompt, const std::vector<int>& response,
                                    int sequence_length, int bos_id, int eos_id, int pad_id);
 
+// A conversation's tokens with a 0/1 weight each (text/chat.h): [bos] + tokens[:L], right-padded to
+// L+1; x = ids[:-1], y = ids[1:], padding_mask = x != pad, sample_weight = the weight of each target.
+PackedExample pack_weighted(const std::vector<int>& tokens, const std::vector<uint8_t>& weights, int sequence_length,
+                            int bos_id, int pad_id);
+
 // A pre-tokenized row (BOS, EOS and padding id 0 included, length L+1): x = row[:-1], y = row[1:],
 // weight 0 where the target is padding, padding_mask = row[:-1] != pad.
 PackedExample pack_pretokenized(const std::vector<int32_t>& row, int pad_id);
