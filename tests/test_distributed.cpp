@@ -110,6 +110,38 @@ void expect_same(const RunResult& one, const RunResult& many, const std::string&
 
 class Distributed : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
+// Conversations (answer-only loss) split over the batch axis and over tensor-parallel heads give the
+// one-process losses: the weights travel with their rows.
+TEST(DistributedChat, ConversationsOnAMeshEqualOneDevice) {
+  const std::string root = make_temp_dir("dist-chat");
+  const std::string data = root + "/chat.jsonl";
+  {
+    std::ofstream out(data);
+    for (int i = 0; i < 8; ++i)
+      out << R"({"messages": [{"role": "user", "content": "Is movie )" << i << R"( good?"}, {"role": "assistant", "content": "It is )"
+          << (i % 2 ? "great" : "dull") << R"(."}]})" << "\n";
+  }
+  const std::string model = fixture("keras/preset-gemma2-tiny");
+  auto losses = [&](const std::string& launcher, const std::string& mesh, const std::string& out) {
+    CommandResult r = run_job_command("--threads 1 finetune " + model + " --data " + data +
+                                          " --seq-len 24 --batch-size 4 --steps 3 --lr 1e-2 --no-shuffle --no-progress"
+                                          " --log-jsonl " + out + ".jsonl --out " + out + " " + mesh,
+                                      launcher);
+    EXPECT_EQ(r.exit_code, 0) << mesh << "\n" << r.err;
+    std::vector<double> out_losses;
+    std::istringstream log(read_text_file(out + ".jsonl"));
+    for (std::string line; std::getline(log, line);) out_losses.push_back(json::parse(line)["loss"].get<double>());
+    return out_losses;
+  };
+  const std::vector<double> one = losses("", "", root + "/one");
+  ASSERT_EQ(one.size(), 3u);
+  for (const std::string mesh : {std::string(""), std::string("--mesh 1x2 --layout auto")}) {
+    const std::vector<double> two = losses(kMpirun + "2 ", mesh, root + "/two" + std::to_string(mesh.size()));
+    ASSERT_EQ(two.size(), one.size()) << mesh;
+    for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * std::fabs(one[i])) << mesh << " step " << i + 1;
+  }
+}
+
 // Between hosts there is no shared memory: OpenMPI restricted to TCP (the ob1 messaging layer over
 // the tcp and self transports, here on the loopback interface) must give the one-device run too.
 // This is what `mpirun --hostfile hosts --mca btl tcp,self …` does across machines (README).

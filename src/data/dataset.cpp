@@ -1,4 +1,5 @@
 #include "data/dataset.h"
+#include "data/sample_chat.h"
 #include "data/sample_reviews.h"
 
 #include <algorithm>
@@ -375,6 +376,12 @@ std::vector<std::vector<int32_t>> load_npy_rows(const fs::path& path) {
 }  // namespace
 
 Dataset load_dataset(const std::string& spec, const DataFields& fields) {
+  if (spec == "sample-chat") {  // the project's own question/answer conversations, built in
+    Dataset data;
+    data.source = spec;
+    data.conversations = sample_chat();
+    return data;
+  }
   if (spec == "sample") {  // the project's own movie reviews, built in
     Dataset data;
     data.source = spec;

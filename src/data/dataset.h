@@ -12,6 +12,7 @@
 //                   example per *.txt file.
 //   npy:PATH        pre-tokenized int32 [N, T+1] rows (BOS, EOS and padding 0 included).
 //   sample          the project's own sample movie reviews (data/sample_reviews.h), built in.
+//   sample-chat     the project's own question/answer conversations (data/sample_chat.h), built in.
 // Detection without a prefix: directory with train/ → aclimdb; *.jsonl → jsonl; *.npy → npy;
 // *.tfrecord* → tfrecord; other files → text.
 #pragma once
