@@ -41,6 +41,17 @@ TEST(Chat, TemplateRendersAsGemmas) {
   // contents are trimmed; "assistant" is rendered "model".
   EXPECT_EQ(render_gemma_chat({{"system", "Be brief."}, {"user", " Hi \n"}, {"model", "Hello"}}, false),
             "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n");
+  const std::string sys = "<start_of_turn>user\nS\n\n";
+  EXPECT_EQ(render_gemma_chat({{"system", "S"}, {"user", "a"}}, true), sys + "a<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(render_gemma_chat({{"system", "S"}, {"user", "a"}, {"model", "b"}, {"user", "c"}, {"model", "d"}}, false),
+            sys + "a<end_of_turn>\n<start_of_turn>model\nb<end_of_turn>\n<start_of_turn>user\nc<end_of_turn>\n"
+                  "<start_of_turn>model\nd<end_of_turn>\n");
+  EXPECT_EQ(render_gemma_chat({{"system", "S"}, {"user", "a"}, {"model", "b"}, {"user", "c"}, {"model", "d"}, {"user", "e"},
+                               {"model", "f"}},
+                              false),
+            sys + "a<end_of_turn>\n<start_of_turn>model\nb<end_of_turn>\n<start_of_turn>user\nc<end_of_turn>\n"
+                  "<start_of_turn>model\nd<end_of_turn>\n<start_of_turn>user\ne<end_of_turn>\n<start_of_turn>model\nf"
+                  "<end_of_turn>\n");
   EXPECT_EQ(render_gemma_chat({{"user", "a"}, {"assistant", "b"}, {"user", "c"}, {"assistant", "d"}, {"user", "e"},
                                {"assistant", "f"}},
                               false),
@@ -109,6 +120,11 @@ TEST(Chat, ConversationsInJsonl) {
   EXPECT_NE(error_of([&] { load_dataset(path); }).find("does not end with a model turn"), std::string::npos);
   write(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi"}]})" "\n");
   EXPECT_NE(error_of([&] { load_dataset(path); }).find("must alternate"), std::string::npos);
+  write(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "model", "content": "  "}]})" "\n");
+  EXPECT_NE(error_of([&] { load_dataset(path); }).find("empty model turn"), std::string::npos);
+  write(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "model", "content": "Hello"}]}
+{"text": "not a conversation"})" "\n");
+  EXPECT_NE(error_of([&] { load_dataset(path); }).find("line 2"), std::string::npos) << error_of([&] { load_dataset(path); });
   write(R"({"messages": [{"role": "user", "content": 3}]})" "\n");
   EXPECT_NE(error_of([&] { load_dataset(path); }).find("messages[0].content"), std::string::npos)
       << error_of([&] { load_dataset(path); });

@@ -32,6 +32,9 @@ void validate_chat(const std::vector<ChatMessage>& messages, bool for_training, 
   }
   check(!for_training || is_model(messages.back().role), where,
         ": the conversation does not end with a model turn (nothing to train on)");
+  for (size_t i = first; i < messages.size() && for_training; ++i)
+    check(!is_model(messages[i].role) || !trimmed(messages[i].content).empty(), where, ": message ", i,
+          " is an empty model turn");
 }
 
 std::vector<ChatSegment> chat_segments(const std::vector<ChatMessage>& messages, bool all_turns) {
