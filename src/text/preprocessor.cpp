@@ -6,6 +6,24 @@
 
 namespace meshtune {
 
+namespace {
+
+// The packed row ids[L+1] shifted by one, as every Keras causal-LM preprocessor does: x = ids[:-1],
+// y = ids[1:], padding_mask = real[:-1], sample_weight = trained[1:] (the weight of each target).
+PackedExample shifted(const std::vector<int32_t>& ids, const std::vector<uint8_t>& real,
+                      const std::vector<uint8_t>& trained) {
+  const size_t L = ids.size() - 1;
+  PackedExample out;
+  out.token_ids.assign(ids.begin(), ids.end() - 1);
+  out.targets.assign(ids.begin() + 1, ids.end());
+  out.padding_mask.assign(real.begin(), real.end() - 1);
+  out.sample_weight.resize(L);
+  for (size_t i = 0; i < L; ++i) out.sample_weight[i] = trained[i + 1] ? 1.0f : 0.0f;
+  return out;
+}
+
+}  // namespace
+
 PackedExample pack_for_training(const std::vector<int>& tokens, int sequence_length, int bos_id, int eos_id,
                                 int pad_id) {
   check(sequence_length >= 1, "preprocessor: sequence_length must be >= 1, got ", sequence_length);
@@ -19,14 +37,7 @@ PackedExample pack_for_training(const std::vector<int>& tokens, int sequence_len
   for (size_t i = 0; i < kept; ++i) ids[1 + i] = tokens[i];
   ids[1 + kept] = eos_id;
   std::fill(mask.begin(), mask.begin() + long(kept + 2), uint8_t(1));
-
-  PackedExample out;
-  out.token_ids.assign(ids.begin(), ids.end() - 1);
-  out.padding_mask.assign(mask.begin(), mask.end() - 1);
-  out.targets.assign(ids.begin() + 1, ids.end());
-  out.sample_weight.resize(L);
-  for (size_t i = 0; i < L; ++i) out.sample_weight[i] = mask[i + 1] ? 1.0f : 0.0f;
-  return out;
+  return shifted(ids, mask, mask);
 }
 
 PackedExample pack_prompt_response(const std::vector<int>& prompt, const std::vector<int>& response,
@@ -47,17 +58,9 @@ PackedExample pack_prompt_response(const std::vector<int>& prompt, const std::ve
   for (size_t i = 0; i < keep_response; ++i) in_response[n] = 1, ids[n++] = response[i];
   in_response[n] = 1;
   ids[n++] = eos_id;
-
-  PackedExample out;
-  out.token_ids.assign(ids.begin(), ids.end() - 1);
-  out.targets.assign(ids.begin() + 1, ids.end());
-  out.padding_mask.resize(L);
-  out.sample_weight.resize(L);
-  for (size_t i = 0; i < L; ++i) {
-    out.padding_mask[i] = out.token_ids[i] != pad_id;
-    out.sample_weight[i] = in_response[i + 1] ? 1.0f : 0.0f;
-  }
-  return out;
+  std::vector<uint8_t> real(L + 1);
+  for (size_t i = 0; i <= L; ++i) real[i] = ids[i] != pad_id;
+  return shifted(ids, real, in_response);
 }
 
 PackedExample pack_weighted(const std::vector<int>& tokens, const std::vector<uint8_t>& weights, int sequence_length,
@@ -66,34 +69,18 @@ PackedExample pack_weighted(const std::vector<int>& tokens, const std::vector<ui
   check(weights.size() == tokens.size(), "preprocessor: ", tokens.size(), " tokens but ", weights.size(), " weights");
   const size_t L = size_t(sequence_length), kept = std::min(tokens.size(), L);
   std::vector<int32_t> ids(L + 1, int32_t(pad_id));
-  std::vector<uint8_t> trained(L + 1, 0);
+  std::vector<uint8_t> real(L + 1, 0), trained(L + 1, 0);
   ids[0] = bos_id;
   for (size_t i = 0; i < kept; ++i) ids[1 + i] = tokens[i], trained[1 + i] = weights[i];
-  PackedExample out;
-  out.token_ids.assign(ids.begin(), ids.end() - 1);
-  out.targets.assign(ids.begin() + 1, ids.end());
-  out.padding_mask.resize(L);
-  out.sample_weight.resize(L);
-  for (size_t i = 0; i < L; ++i) {
-    out.padding_mask[i] = i < kept + 1;
-    out.sample_weight[i] = trained[i + 1] ? 1.0f : 0.0f;
-  }
-  return out;
+  std::fill(real.begin(), real.begin() + long(kept + 1), uint8_t(1));  // bos and the kept tokens
+  return shifted(ids, real, trained);
 }
 
 PackedExample pack_pretokenized(const std::vector<int32_t>& row, int pad_id) {
   check(row.size() >= 2, "preprocessor: a pre-tokenized row needs at least 2 ids, got ", row.size());
-  const size_t L = row.size() - 1;
-  PackedExample out;
-  out.token_ids.assign(row.begin(), row.end() - 1);
-  out.targets.assign(row.begin() + 1, row.end());
-  out.padding_mask.resize(L);
-  out.sample_weight.resize(L);
-  for (size_t i = 0; i < L; ++i) {
-    out.padding_mask[i] = row[i] != pad_id ? 1 : 0;
-    out.sample_weight[i] = row[i + 1] != pad_id ? 1.0f : 0.0f;
-  }
-  return out;
+  std::vector<uint8_t> real(row.size());
+  for (size_t i = 0; i < row.size(); ++i) real[i] = row[i] != pad_id;
+  return shifted(row, real, real);
 }
 
 }  // namespace meshtune
