@@ -31,8 +31,8 @@
 #include "run_stats.h"
 #include "model/gemma.h"
 #include "model/init.h"
-#include "model/load.h"
-#include "model/save.h"
+#include "store/load.h"
+#include "store/save.h"
 
 namespace fs = std::filesystem;
 using namespace meshtune;

@@ -104,7 +104,6 @@ GemmaConfig bench_config(const Options& o) {
 // the loss and AdamW are left out (O(M·D), O(M·V) — small next to the matmuls).
 struct FlopCount {
   double forward = 0, backward = 0;
-  double merged_extra = 0;  // what merged-kernel LoRA does on top (meshtune): dW of q and v, merge, A/B from dW
   double total() const { return forward + backward; }
 };
 FlopCount count_flops(const GemmaConfig& c, int64_t B, int64_t T, int r) {
@@ -117,9 +116,6 @@ FlopCount count_flops(const GemmaConfig& c, int64_t B, int64_t T, int r) {
   FlopCount f;
   f.forward = matmul + attention + lora_path;
   f.backward = matmul + 2 * attention + 2 * lora_path;
-  // dW = dyᵀ·x for q and v, ΔW = A·B (merge), and dA = dW·Bᵀ, dB = Aᵀ·dW, per layer; minus the
-  // low-rank path (x·A·B and its gradients) that merged-kernel training does not run.
-  f.merged_extra = L * (2 * M * D * (N + K) * H + 3 * 2 * D * (N + K) * H * r) - 3 * lora_path;
   return f;
 }
 
@@ -130,42 +126,29 @@ nlohmann::ordered_json breakdown(const GemmaModel& base, const LoraWeights& lora
   TokenBatch tb{B, T, batch.token_ids.data(), batch.padding_mask.data(), batch.targets.data(),
                 batch.sample_weight.data()};
   LoraWeights l = lora;
-  std::vector<std::vector<float>> dw(l.adapters.size());
-  ModelGradients grads;
+  GemmaModel model = base;  // the adapters as low-rank terms, as Trainer::train_step runs them
+  attach_lora(model, l, c);
+  ModelGradients grads;  // no weight gradients: only the adapters' grad_a / grad_b
   grads.layers.assign(size_t(c.num_layers), LayerGradients{});
-  for (size_t i = 0; i < l.adapters.size(); ++i) {
-    const LoraAdapter& ad = l.adapters[i];
-    const WeightMatrix& w = ad.slot == Slot::Query ? base.layers[size_t(ad.layer)].query : base.layers[size_t(ad.layer)].value;
-    dw[i].assign(size_t(w.rows * w.cols), 0.f);
-    (ad.slot == Slot::Query ? grads.layers[size_t(ad.layer)].query : grads.layers[size_t(ad.layer)].value) = dw[i].data();
-  }
-  std::vector<double> merge_s, forward_s, fb_s, lora_bw_s, lm_head_s;
+  std::vector<double> forward_s, fb_s, lm_head_s;
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 is an untimed warm-up
-    if (rep == 1) merge_s.clear(), forward_s.clear(), fb_s.clear(), lora_bw_s.clear(), lm_head_s.clear();
+    if (rep == 1) forward_s.clear(), fb_s.clear(), lm_head_s.clear();
     auto t0 = Clock::now();
-    GemmaModel merged = merge_lora(base, l);
-    merge_s.push_back(seconds_since(t0));
-    t0 = Clock::now();
-    forward_backward(merged, tb, 1.0 / double(M), nullptr);  // forward + loss, no backward
+    forward_backward(model, tb, 1.0 / double(M), nullptr);  // forward + loss, no backward
     forward_s.push_back(seconds_since(t0));
     t0 = Clock::now();
-    forward_backward(merged, tb, 1.0 / double(M), &grads);
+    forward_backward(model, tb, 1.0 / double(M), &grads);
     fb_s.push_back(seconds_since(t0));
-    t0 = Clock::now();
-    for (size_t i = 0; i < l.adapters.size(); ++i) lora_backward(c, l.adapters[i], l.scale(), dw[i].data());
-    lora_bw_s.push_back(seconds_since(t0));
     // The LM head alone: one [M, D]·[D, V] product (forward_backward forms it in row chunks).
     std::vector<float> h(size_t(M * D), 0.01f), logits(size_t(M * c.vocab_size));
     t0 = Clock::now();
-    lm_head(merged, h.data(), M, logits.data());
+    lm_head(model, h.data(), M, logits.data());
     lm_head_s.push_back(seconds_since(t0));
   }
   nlohmann::ordered_json j;
-  j["merge_lora_ms"] = 1e3 * median(merge_s);
   j["forward_and_loss_ms"] = 1e3 * median(forward_s);
   j["forward_backward_ms"] = 1e3 * median(fb_s);
   j["backward_ms"] = 1e3 * (median(fb_s) - median(forward_s));
-  j["lora_backward_ms"] = 1e3 * median(lora_bw_s);
   j["lm_head_forward_ms"] = 1e3 * median(lm_head_s);
   return j;
 }
@@ -299,7 +282,6 @@ int main(int argc, char** argv) {
     j["gflop_per_step"] = flops.total() / 1e9;
     j["gflop_forward"] = flops.forward / 1e9;
     j["gflops"] = flops.total() / step / 1e9;
-    j["merged_lora_extra_gflop"] = flops.merged_extra / 1e9;  // executed on top of gflop_per_step
     j["first_loss"] = losses.front();
     j["last_loss"] = losses.back();
     j["foreign_cpus"] = foreign_cpus(cpu_start, cpu_end);  // > ~0.1: another process competed

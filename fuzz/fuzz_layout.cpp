@@ -2,7 +2,7 @@
 // against every variable of a tiny Gemma on a (1, 2) mesh, and each input line as a --layout-rule.
 #include <sstream>
 
-#include "dist/layout.h"
+#include "distribution/layout.h"
 #include "fuzz_util.h"
 #include "model/init.h"
 #include "model/variables.h"

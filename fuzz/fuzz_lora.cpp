@@ -5,7 +5,7 @@
 
 #include "fuzz_util.h"
 #include "model/lora.h"
-#include "model/lora_files.h"
+#include "store/lora_files.h"
 #include "model/init.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // Fuzzes the .npy reader (header dictionary, versions, shapes against the file size).
-#include "core/npy.h"
+#include "io/npy.h"
 #include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

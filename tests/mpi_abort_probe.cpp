@@ -2,7 +2,7 @@
 // barrier that can never complete. The job must end non-zero instead of hanging.
 #include <cstdio>
 
-#include "dist/communicator.h"
+#include "distribution/communicator.h"
 
 int main() {
   meshtune::Communicator& comm = meshtune::world();

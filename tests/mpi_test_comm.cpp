@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/mesh.h"
+#include "distribution/communicator.h"
+#include "distribution/mesh.h"
 
 namespace meshtune {
 // Test hook in communicator.cpp: lowers the per-call MPI element limit (0 restores it).

@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "core/random.h"
-#include "dist/communicator.h"
-#include "dist/layout.h"
-#include "dist/mesh.h"
-#include "dist/sharding.h"
-#include "dist/tensor_parallel.h"
+#include "distribution/communicator.h"
+#include "distribution/layout.h"
+#include "distribution/mesh.h"
+#include "distribution/sharding.h"
+#include "model/gemma_layouts.h"
+#include "model/tensor_parallel.h"
 #include "model/init.h"
 #include "model/lora.h"
 #include "train/trainer.h"
@@ -45,7 +46,7 @@ Batch random_batch(int64_t B, int64_t L, int vocab, uint64_t seed) {
 LayoutMap layout_for(const std::string& name, const GemmaConfig& c, int model_parts) {
   LayoutMap map;
   const LayoutMap base =
-      name == "tutorial" ? LayoutMap::tutorial_gemma("model") : LayoutMap::keras_hub_gemma("model", "batch");
+      name == "tutorial" ? tutorial_gemma_layout("model") : keras_hub_gemma_layout("model", "batch");
   for (const auto& [key, spec] : base.rules()) {
     PartitionSpec s = spec;
     if (key.find("(query|key|value)") != std::string::npos && c.num_key_value_heads % model_parts != 0) {
@@ -122,10 +123,10 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
           ShardSpec spec;
           if (param.full) {
             const VariableSpec& v = variables[i];
-            spec = make_shard_spec(v.kind, false, v.keras_shape, dist.layout.resolve(v.keras_path, v.keras_shape, mesh),
+            spec = make_shard_spec(our_dimensions(v.kind), v.keras_shape, dist.layout.resolve(v.keras_path, v.keras_shape, mesh),
                                    mesh);
           } else {
-            spec = make_shard_spec(VarKind::Norm, true, whole.shape, dist.layout.resolve(whole.path, whole.shape, mesh),
+            spec = make_shard_spec(right_aligned_dimensions(whole.shape.size()), whole.shape, dist.layout.resolve(whole.path, whole.shape, mesh),
                                    mesh);
           }
           const std::vector<float> expected = take_block(whole.grad, spec);

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/npy.h"
+#include "io/npy.h"
 #include "test_util.h"
 
 using namespace meshtune;

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/file_util.h"
-#include "core/npy.h"
+#include "io/npy.h"
 #include "data/batches.h"
 #include "data/crc32c.h"
 #include "data/dataset.h"

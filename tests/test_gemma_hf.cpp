@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "generate/generate.h"
-#include "model/load.h"
-#include "model/save.h"
+#include "store/load.h"
+#include "store/save.h"
 #include "test_util.h"
 
 using namespace meshtune;

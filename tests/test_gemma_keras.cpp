@@ -5,9 +5,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/npy.h"
+#include "io/npy.h"
 #include "generate/generate.h"
-#include "model/load.h"
+#include "store/load.h"
 #include "test_util.h"
 
 using namespace meshtune;

@@ -13,6 +13,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/low_rank.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "test_util.h"
@@ -297,3 +298,113 @@ TEST(KernelsBackward, AttentionMatchesFp64FiniteDifferences) {
 }
 
 }  // namespace
+
+namespace {
+
+// A low-rank term over freshly drawn A, B in one of the layouts LoRA uses: Keras per-head
+// (groups > 1, A [g][in][r], B [r][og]), Keras dense (A [in][r], B [r][out]), PEFT (A [r][in],
+// B [out][r]); `in_offset`/`out_offset` view only a part of a larger adapter, as a tensor-parallel
+// rank does.
+struct LowRankCase {
+  const char* name;
+  int64_t rank, groups, in, out_per_group;
+  bool peft;
+  int64_t in_full, out_full, in_offset, out_offset;  // the adapter's whole size and the part used
+};
+
+struct LowRankData {
+  std::vector<float> a, b, grad_a, grad_b;
+  LowRankTerm term;
+};
+
+LowRankData make_low_rank(const LowRankCase& c, uint32_t seed) {
+  LowRankData d;
+  const int64_t r = c.rank;
+  LowRankTerm& t = d.term;
+  t.rank = r, t.groups = c.groups, t.in = c.in, t.out_per_group = c.out_per_group, t.scale = 1.75f;
+  if (c.groups > 1) {  // the whole adapter has c.out_full / og groups; use groups from out_offset / og
+    const int64_t all_groups = c.out_full / c.out_per_group;
+    d.a = random_vector(size_t(all_groups * c.in_full * r), seed);
+    d.b = random_vector(size_t(r * c.out_per_group), seed + 1);
+    t.a_group = c.in_full * r, t.a_row = r, t.a_col = 1, t.b_row = c.out_per_group, t.b_col = 1;
+  } else if (!c.peft) {
+    d.a = random_vector(size_t(c.in_full * r), seed);
+    d.b = random_vector(size_t(r * c.out_full), seed + 1);
+    t.a_row = r, t.a_col = 1, t.b_row = c.out_full, t.b_col = 1;
+  } else {
+    d.a = random_vector(size_t(r * c.in_full), seed);
+    d.b = random_vector(size_t(c.out_full * r), seed + 1);
+    t.a_row = 1, t.a_col = c.in_full, t.b_row = 1, t.b_col = r;
+  }
+  d.grad_a.assign(d.a.size(), 0.f);
+  d.grad_b.assign(d.b.size(), 0.f);
+  const int64_t a_offset = c.in_offset * t.a_row + (c.groups > 1 ? c.out_offset / c.out_per_group * t.a_group : 0);
+  const int64_t b_offset = c.groups > 1 ? 0 : c.out_offset * t.b_col;
+  t.a = d.a.data() + a_offset, t.grad_a = d.grad_a.data() + a_offset;
+  t.b = d.b.data() + b_offset, t.grad_b = d.grad_b.data() + b_offset;
+  return d;
+}
+
+const LowRankCase kLowRankCases[] = {
+    {"keras per-head", 3, 4, 24, 8, false, 24, 32, 0, 0},
+    {"keras per-head, heads 2..3 of 4", 3, 2, 24, 8, false, 24, 32, 0, 16},
+    {"keras dense", 4, 1, 40, 24, false, 40, 24, 0, 0},
+    {"keras dense, columns 8..19 of 24 (rows 10..29 of 40)", 4, 1, 20, 12, false, 40, 24, 10, 8},
+    {"peft", 2, 1, 33, 17, true, 33, 17, 0, 0},
+    {"peft, part", 2, 1, 16, 9, true, 33, 17, 11, 5},
+    {"rank 1 peft", 1, 1, 9, 7, true, 9, 7, 0, 0},
+    {"rank 1 keras", 1, 1, 9, 7, false, 9, 7, 0, 0},
+};
+
+}  // namespace
+
+// The BLAS path against the plain loops, forward and backward, for every layout and for parts
+// of an adapter; backward accumulates (a second call doubles the gradients).
+TEST(KernelsBackward, LowRankMatchesReference) {
+  for (const LowRankCase& c : kLowRankCases) {
+    for (int64_t M : {1, 5, 64}) {
+      const std::string name = std::string(c.name) + " M=" + std::to_string(M);
+      LowRankData fast = make_low_rank(c, 3), ref = make_low_rank(c, 3);
+      const int64_t out = fast.term.out();
+      const std::vector<float> x = random_vector(size_t(M * c.in), 11), dy = random_vector(size_t(M * out), 12);
+      std::vector<float> y = random_vector(size_t(M * out), 13), y_ref = y;  // += onto existing values
+      low_rank_forward(x.data(), M, fast.term, y.data());
+      low_rank_forward_reference(x.data(), M, ref.term, y_ref.data());
+      for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], y_ref[i], 1e-4 * (1 + std::fabs(y_ref[i]))) << name;
+      std::vector<float> dx = random_vector(size_t(M * c.in), 14), dx_ref = dx;
+      low_rank_backward(x.data(), dy.data(), M, fast.term, dx.data());
+      low_rank_backward_reference(x.data(), dy.data(), M, ref.term, dx_ref.data());
+      for (size_t i = 0; i < dx.size(); ++i) ASSERT_NEAR(dx[i], dx_ref[i], 1e-4 * (1 + std::fabs(dx_ref[i]))) << name;
+      for (size_t i = 0; i < fast.grad_a.size(); ++i)
+        ASSERT_NEAR(fast.grad_a[i], ref.grad_a[i], 1e-4 * (1 + std::fabs(ref.grad_a[i]))) << name << " grad_a " << i;
+      for (size_t i = 0; i < fast.grad_b.size(); ++i)
+        ASSERT_NEAR(fast.grad_b[i], ref.grad_b[i], 1e-4 * (1 + std::fabs(ref.grad_b[i]))) << name << " grad_b " << i;
+      const std::vector<float> once_a = fast.grad_a;
+      low_rank_backward(x.data(), dy.data(), M, fast.term, nullptr);
+      for (size_t i = 0; i < once_a.size(); ++i) ASSERT_NEAR(fast.grad_a[i], 2 * once_a[i], 1e-4 * (1 + std::fabs(once_a[i])));
+    }
+  }
+}
+
+// The reference backward against central differences of the reference forward (fp64 sums), so
+// the reference itself is right: L = Σ c·y over x, A and B.
+TEST(KernelsBackward, LowRankReferenceMatchesFiniteDifferences) {
+  for (const LowRankCase& c : kLowRankCases) {
+    const int64_t M = 3;
+    LowRankData d = make_low_rank(c, 5);
+    const int64_t out = d.term.out();
+    std::vector<float> x = random_vector(size_t(M * c.in), 21);
+    const std::vector<float> cw = random_vector(size_t(M * out), 22);
+    auto loss = [&] {
+      std::vector<float> y(size_t(M * out), 0.f);
+      low_rank_forward_reference(x.data(), M, d.term, y.data());
+      return weighted_sum(cw, y);
+    };
+    std::vector<float> dx(size_t(M * c.in), 0.f);
+    low_rank_backward_reference(x.data(), cw.data(), M, d.term, dx.data());
+    check_fp32_gradient(x, dx, loss, 1e-2f, 2e-3, c.name);
+    const std::vector<float> ga = d.grad_a, gb = d.grad_b;
+    check_fp32_gradient(d.a, ga, loss, 1e-2f, 2e-3, c.name);  // entries outside the part: zero both ways
+    check_fp32_gradient(d.b, gb, loss, 1e-2f, 2e-3, c.name);
+  }
+}

@@ -8,7 +8,8 @@
 #include <regex>
 
 #include "core/error.h"
-#include "dist/layout.h"
+#include "distribution/layout.h"
+#include "model/gemma_layouts.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/variables.h"
@@ -128,7 +129,7 @@ TEST(LayoutMap, TwoMatchingRegexesIsAnErrorNamingBoth) {
 }
 
 TEST(LayoutMap, NoMatchIsReplicated) {
-  LayoutMap map = LayoutMap::tutorial_gemma();
+  LayoutMap map = tutorial_gemma_layout();
   EXPECT_FALSE(map.lookup("decoder_block_0/pre_attention_norm/scale"));
   EXPECT_EQ(map.resolve("decoder_block_0/pre_attention_norm/scale", {64}, {1, 2}, kAxes), (PartitionSpec{None}));
   EXPECT_EQ(LayoutMap().resolve("x", {3, 4}, {2}, {"batch"}), (PartitionSpec{None, None}));
@@ -161,7 +162,7 @@ TEST(LayoutMap, AxisUsedTwiceIsAnError) {
 TEST(LayoutMap, NonDivisibleDimensionNamesDimensionAndAxis) {
   // Gemma-tiny is MQA (K=1): the tutorial's (model, None, None) cannot split the key kernel two ways.
   GemmaConfig c = load_config(kTiny);
-  LayoutMap map = LayoutMap::tutorial_gemma();
+  LayoutMap map = tutorial_gemma_layout();
   const std::string path = "decoder_block_0/attention/key/kernel";
   Shape shape;
   for (const auto& v : gemma_variables(c))
@@ -240,7 +241,7 @@ TEST(LayoutMap, HostileRegexesFailFastOrRunInLinearTime) {
 }
 
 TEST(LayoutMap, KerasHubMapOnGemmaTiny) {
-  LayoutMap map = LayoutMap::keras_hub_gemma();
+  LayoutMap map = keras_hub_gemma_layout();
   GemmaConfig c = load_config(kTiny);
   int sharded = 0;
   for (const auto& v : gemma_variables(c)) {
@@ -262,20 +263,20 @@ TEST(LayoutMap, KerasHubMapOnGemmaTiny) {
 
 TEST(LayoutMap, KerasHubMapOnGemma2TinyOverTwoByTwo) {
   // K=2 divides: every variable resolves on (2, 2) to the KerasHub table's spec.
-  LayoutMap map = LayoutMap::keras_hub_gemma();
+  LayoutMap map = keras_hub_gemma_layout();
   GemmaConfig c = load_config(kTiny2);
   for (const auto& v : gemma_variables(c))
     EXPECT_EQ(map.resolve(v.keras_path, v.keras_shape, {2, 2}, kAxes),
               expected_keras_hub(v.keras_path).value_or(PartitionSpec(v.keras_shape.size(), None)))
         << v.keras_path;
   // Other axis names are honoured; a mesh without them fails naming the axis.
-  LayoutMap renamed = LayoutMap::keras_hub_gemma("mp", "dp");
+  LayoutMap renamed = keras_hub_gemma_layout("mp", "dp");
   EXPECT_EQ(renamed.resolve("token_embedding/embeddings", {1000, 64}, {2, 2}, {"dp", "mp"}), (PartitionSpec{"mp", "dp"}));
   expect_mentions(first_resolve_error(renamed, c, {2, 2}), {"axis 'mp' is not a mesh axis", "token_embedding/embeddings"});
 }
 
 TEST(LayoutMap, TutorialMapOnGemmaTiny) {
-  LayoutMap map = LayoutMap::tutorial_gemma();
+  LayoutMap map = tutorial_gemma_layout();
   GemmaConfig c = load_config(kTiny);
   for (const auto& v : gemma_variables(c)) EXPECT_EQ(map.lookup(v.keras_path), expected_tutorial(v.keras_path)) << v.keras_path;
   // "ffw_gating.*kernel" covers ffw_gating_2 too (intended: both are split on F).
@@ -290,7 +291,7 @@ TEST(LayoutMap, LoraVariablesAreReplicatedByBothMaps) {
   GemmaConfig c = load_config(kTiny);
   LoraWeights lora = enable_lora(c, 2, {Slot::Query, Slot::Value}, 0);
   ASSERT_FALSE(lora.adapters.empty());
-  for (const LayoutMap& map : {LayoutMap::keras_hub_gemma(), LayoutMap::tutorial_gemma()}) {
+  for (const LayoutMap& map : {keras_hub_gemma_layout(), tutorial_gemma_layout()}) {
     for (const LoraAdapter& a : lora.adapters) {
       for (const auto& [path, shape] : {std::pair{a.keras_path(c) + "/lora_kernel_a", a.a_shape},
                                         std::pair{a.keras_path(c) + "/lora_kernel_b", a.b_shape}}) {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/mesh.h"
+#include "distribution/communicator.h"
+#include "distribution/mesh.h"
 #include "test_util.h"
 
 namespace meshtune {

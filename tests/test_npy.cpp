@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/npy.h"
+#include "io/npy.h"
 #include "test_util.h"
 
 namespace meshtune {

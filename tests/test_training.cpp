@@ -12,7 +12,7 @@
 #include "io/keras_h5.h"
 #include "model/backward.h"
 #include "model/init.h"
-#include "model/load.h"
+#include "store/load.h"
 #include "model/lora.h"
 #include "npz_reader.h"
 #include "test_util.h"

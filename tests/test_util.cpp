@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/npy.h"
+#include "io/npy.h"
 
 namespace meshtune::testing {
 

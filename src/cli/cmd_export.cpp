@@ -7,9 +7,9 @@
 
 #include "cli/loading.h"
 #include "core/error.h"
-#include "dist/sharded_model.h"
+#include "model/sharded_model.h"
 #include "model/lora.h"
-#include "model/save.h"
+#include "store/save.h"
 #include "train/trainer.h"
 
 namespace meshtune::cli {

@@ -6,10 +6,10 @@
 #include "cli/loading.h"
 #include "cli/mesh_options.h"
 #include "core/error.h"
-#include "dist/sharded_model.h"
+#include "model/sharded_model.h"
 #include "generate/generate.h"
 #include "text/chat.h"
-#include "model/lora_files.h"
+#include "store/lora_files.h"
 
 namespace meshtune::cli {
 

@@ -10,9 +10,9 @@
 
 #include "cli/loading.h"
 #include "cli/mesh_options.h"
-#include "dist/tensor_parallel.h"
+#include "model/tensor_parallel.h"
 #include "core/error.h"
-#include "dist/layout.h"
+#include "distribution/layout.h"
 #include "model/lora.h"
 #include "model/variables.h"
 

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "data/sample_reviews.h"
 #include "model/init.h"
-#include "model/save.h"
+#include "store/save.h"
 #include "text/tokenizer.h"
 
 namespace meshtune::cli {

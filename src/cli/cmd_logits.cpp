@@ -6,7 +6,7 @@
 
 #include "cli/loading.h"
 #include "core/error.h"
-#include "core/npy.h"
+#include "io/npy.h"
 
 namespace meshtune::cli {
 

@@ -4,8 +4,8 @@
 #include <iostream>
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "model/lora_files.h"
+#include "distribution/communicator.h"
+#include "store/lora_files.h"
 
 namespace meshtune::cli {
 

@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "model/load.h"
+#include "store/load.h"
 #include "text/tokenizer.h"
 
 namespace meshtune::cli {

@@ -8,7 +8,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "distribution/communicator.h"
 
 // Reports an error and ends the run. Under mpirun the whole job is aborted, so that no other rank
 // is left waiting in a collective for this one.

@@ -4,7 +4,8 @@
 #include <iostream>
 
 #include "core/error.h"
-#include "dist/sharding.h"
+#include "distribution/sharding.h"
+#include "model/gemma_layouts.h"
 
 namespace meshtune::cli {
 
@@ -56,29 +57,11 @@ LayoutMap MeshOptions::make_layout(const GemmaConfig& config, const std::vector<
                                    const std::vector<std::string>& names) const {
   LayoutMap map;
   if (layout == "auto") {
-    LayoutMap keras_hub = LayoutMap::keras_hub_gemma("model", batch_axis);
-    const auto model_axis = std::find(names.begin(), names.end(), "model");
-    const int model_size = model_axis != names.end() ? s[size_t(model_axis - names.begin())] : 1;
-    if (config.num_key_value_heads % model_size == 0) {
-      map = keras_hub;
-    } else {
-      for (const auto& [key, spec] : keras_hub.rules()) {
-        if (key.find("(query|key|value)") == std::string::npos) {
-          map.add(key, spec);
-          continue;
-        }
-        map.add("decoder_block.*attention.*query.kernel", spec);
-        PartitionSpec kv = spec;
-        kv[0] = std::nullopt;
-        map.add("decoder_block.*attention.*(key|value).kernel", kv);
-      }
-      if (world().rank() == 0)
-        std::cerr << "meshtune: warning: --layout auto: " << config.num_key_value_heads
-                  << " KV head(s) do not divide the 'model' axis of size " << model_size
-                  << "; key/value kernels are replicated over it\n";
-    }
+    std::string warning;
+    map = auto_gemma_layout(config, s, names, batch_axis, warning);
+    if (!warning.empty() && world().rank() == 0) std::cerr << "meshtune: warning: " << warning << "\n";
   }
-  else if (layout == "tutorial") map = LayoutMap::tutorial_gemma("model");
+  else if (layout == "tutorial") map = tutorial_gemma_layout("model");
   else if (!layout.empty()) map = LayoutMap::from_json_file(layout);
   for (const std::string& rule : rules) map.add_rule_text(rule);
   return map;
@@ -95,11 +78,11 @@ Distribution MeshOptions::make_distribution(DeviceMesh* m, const GemmaConfig& co
 
 VariableBlocks sharded_blocks(const LayoutMap& layout, DeviceMesh& mesh) {
   return [&layout, &mesh](const VariableSpec& spec) -> std::optional<DatasetBox> {
-    const ShardSpec s = make_shard_spec(spec.kind, false, spec.keras_shape,
+    const ShardSpec s = make_shard_spec(our_dimensions(spec.kind), spec.keras_shape,
                                         layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
     if (s.local_size() == s.full_size()) return std::nullopt;
     DatasetBox box;
-    const std::vector<int> dims = our_dimensions(spec.kind, false, spec.keras_shape.size());
+    const std::vector<int> dims = our_dimensions(spec.kind);
     for (int d : dims) {
       box.start.push_back(s.offset[size_t(d)]);
       box.count.push_back(s.local[size_t(d)]);

@@ -8,10 +8,10 @@
 
 #include <CLI/CLI.hpp>
 
-#include "dist/layout.h"
-#include "dist/mesh.h"
+#include "distribution/layout.h"
+#include "distribution/mesh.h"
 #include "model/config.h"
-#include "model/load.h"
+#include "store/load.h"
 #include "train/trainer.h"
 
 namespace meshtune::cli {

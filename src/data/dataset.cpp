@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "core/json.h"
-#include "core/npy.h"
+#include "io/npy.h"
 #include "data/crc32c.h"
 
 namespace meshtune {

@@ -11,6 +11,15 @@
 
 namespace meshtune {
 
+// Backward of project(): dx (+)= dy·W plus the LoRA term's share; ∂W += dyᵀ·x when `grad_w` (full
+// fine-tuning); the LoRA term adds its ∂A and ∂B (W itself is never differentiated under LoRA).
+static void project_backward(const GemmaModel& model, int layer, Slot slot, const float* x, const float* dy, int64_t M,
+                             const WeightMatrix& W, float* dx, bool accumulate, float* grad_w) {
+  linear_backward_input(dy, M, W, dx, accumulate);
+  if (grad_w) linear_backward_weight(dy, x, M, W.rows, W.cols, grad_w);
+  low_rank_backward(x, dy, M, model.low_rank_term(layer, slot), dx);
+}
+
 // Backward of one decoder block (mirror of decoder_block in gemma.cpp). On entry dx holds
 // ∂L/∂(block output) [M, D]; on exit ∂L/∂(block input). Weight gradients are added into g.
 static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWeights& w, int layer,
@@ -35,14 +44,14 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
                      g.post_ffw_norm);
   std::vector<float>&d_activated = sized(ws.d_activated, M * F), &d_gate = sized(ws.d_gate, M * F),
                      &d_up = sized(ws.d_up, M * F);
-  linear_backward_input(d_branch.data(), M, w.ffw_linear, d_activated.data());
-  if (g.ffw_linear) linear_backward_weight(d_branch.data(), a.activated.data(), M, D, F, g.ffw_linear);
+  project_backward(model, layer, Slot::FfwLinear, a.activated.data(), d_branch.data(), M, w.ffw_linear,
+                   d_activated.data(), false, g.ffw_linear);
   geglu_backward(a.gate.data(), a.up.data(), d_activated.data(), M * F, d_gate.data(), d_up.data());
   std::vector<float>& d_normed = sized(ws.d_normed, M * D);
-  linear_backward_input(d_gate.data(), M, w.ffw_gating, d_normed.data());
-  linear_backward_input(d_up.data(), M, w.ffw_gating_2, d_normed.data(), /*accumulate=*/true);
-  if (g.ffw_gating) linear_backward_weight(d_gate.data(), a.ffw_normed.data(), M, F, D, g.ffw_gating);
-  if (g.ffw_gating_2) linear_backward_weight(d_up.data(), a.ffw_normed.data(), M, F, D, g.ffw_gating_2);
+  project_backward(model, layer, Slot::FfwGating, a.ffw_normed.data(), d_gate.data(), M, w.ffw_gating,
+                   d_normed.data(), false, g.ffw_gating);
+  project_backward(model, layer, Slot::FfwGating2, a.ffw_normed.data(), d_up.data(), M, w.ffw_gating_2,
+                   d_normed.data(), /*accumulate=*/true, g.ffw_gating_2);
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(d_normed.data(), size_t(M * D));  // Σ over width
   rmsnorm_backward(a.mid.data(), w.pre_ffw_norm.data(), M, D, eps, d_normed.data(), d_normed.data(), g.pre_ffw_norm);
   for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂mid
@@ -53,8 +62,8 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
     rmsnorm_backward(a.attn_projected.data(), w.post_attention_norm.data(), M, D, eps, d_branch.data(),
                      d_branch.data(), g.post_attention_norm);
   std::vector<float>& d_attended = sized(ws.d_attended, M * N * H);
-  linear_backward_input(d_branch.data(), M, w.attention_output, d_attended.data());
-  if (g.attention_output) linear_backward_weight(d_branch.data(), a.attended.data(), M, D, N * H, g.attention_output);
+  project_backward(model, layer, Slot::AttentionOutput, a.attended.data(), d_branch.data(), M, w.attention_output,
+                   d_attended.data(), false, g.attention_output);
   std::vector<float>&dq = sized(ws.dq, M * N * H), &dk = sized(ws.dk, M * K * H), &dv = sized(ws.dv, M * K * H);
   attention_backward(a.q.data(), a.k.data(), a.v.data(), key_valid, attention_shape(c, layer, B, T, 0, T),
                      d_attended.data(), dq.data(), dk.data(), dv.data());
@@ -68,12 +77,11 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
     rmsnorm_backward(a.q_raw.data(), w.query_norm.data(), M * N, H, eps, dq.data(), dq.data(), g.query_norm);
     rmsnorm_backward(a.k_raw.data(), w.key_norm.data(), M * K, H, eps, dk.data(), dk.data(), g.key_norm);
   }
-  linear_backward_input(dq.data(), M, w.query, d_normed.data());  // overwrites
-  linear_backward_input(dk.data(), M, w.key, d_normed.data(), true);
-  linear_backward_input(dv.data(), M, w.value, d_normed.data(), true);
-  if (g.query) linear_backward_weight(dq.data(), a.attn_normed.data(), M, N * H, D, g.query);
-  if (g.key) linear_backward_weight(dk.data(), a.attn_normed.data(), M, K * H, D, g.key);
-  if (g.value) linear_backward_weight(dv.data(), a.attn_normed.data(), M, K * H, D, g.value);
+  project_backward(model, layer, Slot::Query, a.attn_normed.data(), dq.data(), M, w.query, d_normed.data(), false,
+                   g.query);  // overwrites d_normed, the next two add to it
+  project_backward(model, layer, Slot::Key, a.attn_normed.data(), dk.data(), M, w.key, d_normed.data(), true, g.key);
+  project_backward(model, layer, Slot::Value, a.attn_normed.data(), dv.data(), M, w.value, d_normed.data(), true,
+                   g.value);
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(d_normed.data(), size_t(M * D));  // Σ over heads
   rmsnorm_backward(a.input.data(), w.pre_attention_norm.data(), M, D, eps, d_normed.data(), d_normed.data(),
                    g.pre_attention_norm);

@@ -48,6 +48,34 @@ std::vector<float>* DecoderLayerWeights::vector(Slot slot) {
   }
 }
 
+LowRankTerm* LayerLowRank::of(Slot slot) {
+  switch (slot) {
+    case Slot::Query: return &query;
+    case Slot::Key: return &key;
+    case Slot::Value: return &value;
+    case Slot::AttentionOutput: return &attention_output;
+    case Slot::FfwGating: return &ffw_gating;
+    case Slot::FfwGating2: return &ffw_gating_2;
+    case Slot::FfwLinear: return &ffw_linear;
+    default: return nullptr;
+  }
+}
+
+const LowRankTerm& GemmaModel::low_rank_term(int layer, Slot slot) const {
+  static const LowRankTerm none;
+  if (low_rank.empty()) return none;
+  return *const_cast<LayerLowRank&>(low_rank[size_t(layer)]).of(slot);
+}
+
+void project(const GemmaModel& model, int layer, Slot slot, const float* x, int64_t M, const WeightMatrix& W, float* y) {
+  linear(x, M, W, y);
+  const LowRankTerm& lora = model.low_rank_term(layer, slot);
+  if (!lora.active()) return;
+  check(lora.in == W.cols && lora.out() == W.rows, "LoRA term of decoder_block_", layer, "/", int(slot), " is ",
+        lora.out(), "×", lora.in, " but its matrix is ", W.rows, "×", W.cols);
+  low_rank_forward(x, M, lora, y);
+}
+
 WeightMatrix* GemmaModel::matrix(Slot slot, int layer) {
   if (slot == Slot::Embeddings) return &embeddings;
   return layer >= 0 ? layers[size_t(layer)].matrix(slot) : nullptr;
@@ -104,9 +132,9 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   buffer(a.k, M * K * H);
   buffer(a.v, M * K * H);
   rmsnorm(x, w.pre_attention_norm.data(), M, D, eps, a.attn_normed.data());
-  linear(a.attn_normed.data(), M, w.query, a.q.data());
-  linear(a.attn_normed.data(), M, w.key, a.k.data());
-  linear(a.attn_normed.data(), M, w.value, a.v.data());
+  project(model, layer, Slot::Query, a.attn_normed.data(), M, w.query, a.q.data());
+  project(model, layer, Slot::Key, a.attn_normed.data(), M, w.key, a.k.data());
+  project(model, layer, Slot::Value, a.attn_normed.data(), M, w.value, a.v.data());
   if (c.use_query_key_norm) {  // Gemma 3: per-head RMSNorm before RoPE
     a.q_raw = a.q;
     a.k_raw = a.k;
@@ -133,7 +161,7 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   buffer(a.attn_projected, M * D);
   attention(a.q.data(), cache_k, cache_v, cache.key_valid.data(), attention_shape(c, layer, B, T, start, S),
             a.attended.data());
-  linear(a.attended.data(), M, w.attention_output, a.attn_projected.data());
+  project(model, layer, Slot::AttentionOutput, a.attended.data(), M, w.attention_output, a.attn_projected.data());
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.attn_projected.data(), size_t(M * D));  // Σ over heads
   std::vector<float> residual = a.attn_projected;
   if (c.use_post_attention_norm) rmsnorm(residual.data(), w.post_attention_norm.data(), M, D, eps, residual.data());
@@ -146,11 +174,11 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   buffer(a.up, M * F);
   buffer(a.ffw_projected, M * D);
   rmsnorm(x, w.pre_ffw_norm.data(), M, D, eps, a.ffw_normed.data());
-  linear(a.ffw_normed.data(), M, w.ffw_gating, a.gate.data());
-  linear(a.ffw_normed.data(), M, w.ffw_gating_2, a.up.data());
+  project(model, layer, Slot::FfwGating, a.ffw_normed.data(), M, w.ffw_gating, a.gate.data());
+  project(model, layer, Slot::FfwGating2, a.ffw_normed.data(), M, w.ffw_gating_2, a.up.data());
   a.activated = a.gate;
   geglu(a.activated.data(), a.up.data(), M * F);
-  linear(a.activated.data(), M, w.ffw_linear, a.ffw_projected.data());
+  project(model, layer, Slot::FfwLinear, a.activated.data(), M, w.ffw_linear, a.ffw_projected.data());
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.ffw_projected.data(), size_t(M * D));  // Σ over width
   residual = a.ffw_projected;
   if (c.use_post_ffw_norm) rmsnorm(residual.data(), w.post_ffw_norm.data(), M, D, eps, residual.data());

@@ -9,9 +9,10 @@
 #include <functional>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distribution/communicator.h"
 #include "kernels/attention.h"
 #include "kernels/linear.h"
+#include "kernels/low_rank.h"
 #include "model/config.h"
 #include "model/variables.h"
 
@@ -31,6 +32,12 @@ struct DecoderLayerWeights {
   std::vector<float>* vector(Slot slot);   // nullptr for matrix slots
 };
 
+// LoRA's low-rank terms of one block (training): y = x·Wᵀ + scale·(x·A)·B for each adapted matrix.
+struct LayerLowRank {
+  LowRankTerm query, key, value, attention_output, ffw_gating, ffw_gating_2, ffw_linear;
+  LowRankTerm* of(Slot slot);  // nullptr for slots that are not matrices
+};
+
 struct GemmaModel {
   GemmaConfig config;
   WeightMatrix embeddings;  // (V, D), tied with the output projection
@@ -42,7 +49,10 @@ struct GemmaModel {
   DecoderLayerWeights layer_weights(int layer) const {
     return layer_source ? layer_source(layer) : layers[size_t(layer)];
   }
-  // Tensor parallelism (dist/tensor_parallel.h): set when `config` and the block weights are this
+  // Per block: LoRA low-rank terms added to the frozen matrices (model/lora.h attach_lora); empty = none.
+  std::vector<LayerLowRank> low_rank;
+  const LowRankTerm& low_rank_term(int layer, Slot slot) const;
+  // Tensor parallelism (model/tensor_parallel.h): set when `config` and the block weights are this
   // process' share of the heads and FFN width; partial block outputs (and, in backward, partial
   // gradients of block inputs) are summed over this group of processes.
   Communicator* tensor_parallel = nullptr;
@@ -62,6 +72,9 @@ struct GemmaModel {
     return const_cast<GemmaModel*>(this)->vector(slot, layer);
   }
 };
+
+// y[M, W.rows] = x·Wᵀ, plus block `layer`'s LoRA term for `slot` when the model carries one.
+void project(const GemmaModel& model, int layer, Slot slot, const float* x, int64_t M, const WeightMatrix& W, float* y);
 
 // Per-layer keys and values for `batch` rows of up to `capacity` positions, plus which key slots
 // are real tokens (key_valid = 0 marks padding keys, which no query may attend to).

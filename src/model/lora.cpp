@@ -232,33 +232,68 @@ GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora, const Gem
   return merged;
 }
 
-void lora_backward(const GemmaConfig& config, LoraAdapter& ad, double scale, const float* grad_w) {
-  const KernelInfo k = kernel_info(config, ad.slot);
-  const int r = ad.rank;
-  const float s = float(scale);
-  if (ad.grad_a.size() != ad.a.size()) ad.grad_a.assign(ad.a.size(), 0.f);
-  if (ad.grad_b.size() != ad.b.size()) ad.grad_b.assign(ad.b.size(), 0.f);
-  if (ad.style == LoraStyle::Peft) {
-    const int out = int(k.rows), in = int(k.cols);
-    // grad_a[r, in] += s·Bᵀ·dW;  grad_b[out, r] += s·dW·Aᵀ
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, in, out, s, ad.b.data(), r, grad_w, in, 1.f,
-                ad.grad_a.data(), in);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, out, r, in, s, grad_w, in, ad.a.data(), in, 1.f,
-                ad.grad_b.data(), r);
-    return;
+// The rows [out0, out0 + out_n) and columns [in0, in0 + in_n) of our [out, in] matrix that a
+// compute region (our 3-D view of the variable) covers.
+struct MatrixWindow {
+  int64_t out0 = 0, out_n = 0, in0 = 0, in_n = 0;
+};
+static MatrixWindow matrix_window(VarKind kind, const ShardSpec& r) {
+  switch (kind) {
+    case VarKind::HeadsIn:  // (heads, H, D): rows heads·H
+      return {r.offset[0] * r.full[1], r.local[0] * r.full[1], r.offset[2], r.local[2]};
+    case VarKind::HeadsOut:  // (D, N, H): columns N·H
+      return {r.offset[0], r.local[0], r.offset[1] * r.full[2], r.local[1] * r.full[2]};
+    default:  // Dense (1, out, in)
+      return {r.offset[1], r.local[1], r.offset[2], r.local[2]};
   }
-  // Keras: the gradient w.r.t. ΔK is dW brought back into Keras layout, flattened [P, last].
-  const int P = int(prod_but_last(k.keras_shape)), last = int(k.keras_shape.back());
-  HostTensor dw;  // aliases grad_w: ours_to_keras only reads it
-  dw.dtype = DType::F32;
-  dw.shape = {k.rows, k.cols};
-  dw.data = reinterpret_cast<const std::byte*>(grad_w);
-  HostTensor dk = ours_to_keras(dw, k.kind, k.keras_shape);
-  // grad_a[P, r] += s·dΔK·Bᵀ;  grad_b[r, last] += s·Aᵀ·dΔK
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, P, r, last, s, dk.as<float>(), last, ad.b.data(), last, 1.f,
-              ad.grad_a.data(), r);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, last, P, s, ad.a.data(), r, dk.as<float>(), last, 1.f,
-              ad.grad_b.data(), last);
+}
+
+void attach_lora(GemmaModel& model, LoraWeights& lora, const GemmaConfig& whole, const TensorParallelPlan& plan) {
+  validate_lora(whole, lora, "attach_lora");
+  model.low_rank.assign(size_t(whole.num_layers), LayerLowRank{});
+  const std::vector<VariableSpec> specs = gemma_variables(whole);
+  for (LoraAdapter& ad : lora.adapters) {
+    const KernelInfo k = kernel_info(whole, ad.slot);
+    const int64_t r = ad.rank;
+    LowRankTerm t;
+    t.rank = r;
+    t.scale = float(lora.scale());
+    if (ad.style == LoraStyle::Peft) {  // A [r, in], B [out, r]: ΔW = B·A
+      t.in = k.cols, t.out_per_group = k.rows;
+      t.a_row = 1, t.a_col = k.cols;
+      t.b_row = 1, t.b_col = r;
+    } else if (k.kind == VarKind::HeadsIn) {  // Keras (N, D, H): A (N, D, r) per head, B (r, H) shared
+      t.groups = k.keras_shape[0], t.in = k.keras_shape[1], t.out_per_group = k.keras_shape[2];
+      t.a_group = t.in * r, t.a_row = r, t.a_col = 1;
+      t.b_row = t.out_per_group, t.b_col = 1;
+    } else {  // Keras (N, H, D) flattened to (N·H, D), or a dense (in, out): A (in, r), B (r, out)
+      t.in = k.cols, t.out_per_group = k.rows;
+      t.a_row = r, t.a_col = 1;
+      t.b_row = k.rows, t.b_col = 1;
+    }
+    // This process' part: its input columns (a slice of A's rows) and output columns (whole groups,
+    // or a slice of B's columns).
+    const VariableSpec* spec = nullptr;
+    for (const VariableSpec& v : specs)
+      if (v.layer == ad.layer && v.slot == ad.slot) spec = &v;
+    const MatrixWindow w = matrix_window(k.kind, plan.compute_region(*spec));
+    int64_t a_offset = w.in0 * t.a_row, b_offset = 0;
+    t.in = w.in_n;
+    if (t.groups > 1) {
+      check(w.out0 % t.out_per_group == 0 && w.out_n % t.out_per_group == 0, "attach_lora: ", ad.keras_path(whole),
+            ": this process' rows are not whole heads");
+      a_offset += w.out0 / t.out_per_group * t.a_group;
+      t.groups = w.out_n / t.out_per_group;
+    } else {
+      b_offset = w.out0 * t.b_col;
+      t.out_per_group = w.out_n;
+    }
+    t.a = ad.a.data() + a_offset;
+    t.b = ad.b.data() + b_offset;
+    if (ad.grad_a.size() == ad.a.size()) t.grad_a = ad.grad_a.data() + a_offset;
+    if (ad.grad_b.size() == ad.b.size()) t.grad_b = ad.grad_b.data() + b_offset;
+    *model.low_rank[size_t(ad.layer)].of(ad.slot) = t;
+  }
 }
 
 void validate_lora(const GemmaConfig& config, const LoraWeights& lora, const std::string& source) {

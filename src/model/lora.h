@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/gemma.h"
+#include "model/tensor_parallel.h"
 #include "model/variables.h"
 
 namespace meshtune {
@@ -58,8 +59,12 @@ using LoraDeltaPart = std::function<std::vector<float>(const LoraAdapter& adapte
 GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora, const GemmaConfig& config,
                       const LoraDeltaPart& part);
 
-// Given ∂L/∂W_eff [out, in] of an adapted matrix, adds ∂L/∂A and ∂L/∂B into grad_a / grad_b.
-void lora_backward(const GemmaConfig& config, LoraAdapter& adapter, double scale, const float* grad_w);
+// Training's form: every adapter becomes the low-rank term of its block in `model` (y = x·Wᵀ +
+// scale·(x·A)·B; backward adds into the adapter's grad_a / grad_b, W is neither copied nor
+// differentiated). `whole` is the whole model's config; under an active tensor-parallel `plan`,
+// `model` holds this process' part of every matrix and each term covers the same part (a slice of
+// A or B, no copy). `lora` must outlive `model`'s use of the terms.
+void attach_lora(GemmaModel& model, LoraWeights& lora, const GemmaConfig& whole, const TensorParallelPlan& plan = {});
 
 // Checks that adapters fit the model (layer index, shapes); throws Error naming `source`.
 void validate_lora(const GemmaConfig& config, const LoraWeights& lora, const std::string& source);

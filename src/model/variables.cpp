@@ -6,6 +6,17 @@
 
 namespace meshtune {
 
+std::vector<int> our_dimensions(VarKind kind) {
+  switch (kind) {
+    case VarKind::Embedding: return {1, 2};     // (V, D) → (1, V, D)
+    case VarKind::Norm: return {2};             // (D,) → (1, 1, D)
+    case VarKind::HeadsIn: return {0, 2, 1};    // (n, d, h) → (n, h, d)
+    case VarKind::HeadsOut: return {1, 2, 0};   // (n, h, d) → (d, n, h)
+    case VarKind::Dense: return {2, 1};         // (in, out) → (1, out, in)
+  }
+  return {};
+}
+
 std::vector<VariableSpec> gemma_variables(const GemmaConfig& c) {
   const int64_t V = c.vocab_size, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads,
                 H = c.head_dim, F = c.ffw_dim;

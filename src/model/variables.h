@@ -36,6 +36,10 @@ struct VariableSpec {
   int layer = -1;          // decoder block index, -1 for embeddings / final norm
 };
 
+// Our 3-D dimension ([d0, d1, d2], row-major) holding each Keras dimension of a variable of `kind`:
+// how distribution/sharding.h places a variable split by its Keras PartitionSpec.
+std::vector<int> our_dimensions(VarKind kind);
+
 std::vector<VariableSpec> gemma_variables(const GemmaConfig& config);
 
 // Converts a tensor between Keras layout and ours (= HF), any element size. `to_ours` picks the

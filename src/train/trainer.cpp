@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "core/json.h"
-#include "dist/sharded_model.h"
+#include "model/sharded_model.h"
 #include "io/safetensors.h"
 #include "model/variables.h"
 #include "train/progress.h"
@@ -52,18 +52,9 @@ Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOpti
   if (lora_ && lora_->adapters.empty()) lora_.reset();
   if (lora_) {
     validate_lora(c, *lora_, "LoRA adapter");
-    lora_weight_grads_.resize(lora_->adapters.size());
-    for (size_t i = 0; i < lora_->adapters.size(); ++i) {
-      LoraAdapter& ad = lora_->adapters[i];
+    for (LoraAdapter& ad : lora_->adapters) {
       ad.grad_a.assign(ad.a.size(), 0.f);
       ad.grad_b.assign(ad.b.size(), 0.f);
-      VariableSpec target;
-      for (const VariableSpec& spec : gemma_variables(c))
-        if (spec.layer == ad.layer && spec.slot == ad.slot) target = spec;
-      lora_weight_grads_[i].assign(size_t(num_elements(target.hf_shape)), 0.f);
-      lora_targets_.push_back(target);
-      SlotRef ref = slot_ref(model_, grads_, target);
-      *ref.grad = lora_weight_grads_[i].data();
       const std::string path = ad.keras_path(c);
       params_.push_back({path + "/lora_kernel_a", "lora_kernel_a", ad.a_shape, ad.a.data(), ad.grad_a.data(), ad.a.size()});
       params_.push_back({path + "/lora_kernel_b", "lora_kernel_b", ad.b_shape, ad.b.data(), ad.grad_b.data(), ad.b.size()});
@@ -125,8 +116,8 @@ void Trainer::place_variables() {
       for (int which = 0; which < 2; ++which) {
         Trainable& t = trainables_[2 * i + size_t(which)];
         const Shape& shape = which == 0 ? ad.a_shape : ad.b_shape;
-        t.region = whole_shard_spec(VarKind::Norm, true, shape);
-        t.shard = make_shard_spec(VarKind::Norm, true, shape,
+        t.region = whole_shard_spec(right_aligned_dimensions(shape.size()), shape);
+        t.shard = make_shard_spec(right_aligned_dimensions(shape.size()), shape,
                                   dist_.layout.resolve(params_[2 * i + size_t(which)].path, shape, mesh), mesh);
         t.partial = plan_.active();
       }
@@ -138,7 +129,7 @@ void Trainer::place_variables() {
     for (size_t i = 0; i < specs.size(); ++i) {
       const VariableSpec& spec = specs[i];
       Trainable& t = trainables_[i];
-      t.shard = make_shard_spec(spec.kind, false, spec.keras_shape,
+      t.shard = make_shard_spec(our_dimensions(spec.kind), spec.keras_shape,
                                 dist_.layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
       t.region = plan_.compute_region(spec);
       t.partial = plan_.gradient_is_partial(spec);
@@ -339,11 +330,12 @@ GemmaModel Trainer::current_model() {
 }
 
 GemmaModel Trainer::training_model() {
-  if (!lora_) return model_;
-  if (!dist_.mesh) return merge_lora(model_, *lora_);
-  // The frozen base as computed here: this process' heads/FFN columns (tensor parallel) and the
-  // other split variables all-gathered one block at a time as the passes reach them.
-  return merge_lora_parts(frozen_.compute_model(/*by_layer=*/true), *lora_, config_, plan_);
+  // The frozen base as computed here (under a mesh: this process' heads/FFN columns, the other
+  // split variables all-gathered one block at a time as the passes reach them), with the adapters
+  // as low-rank terms: nothing is merged.
+  GemmaModel m = dist_.mesh ? frozen_.compute_model(/*by_layer=*/true) : model_;
+  attach_lora(m, *lora_, config_, plan_);
+  return m;
 }
 
 GemmaModel Trainer::inference_model() {
@@ -360,26 +352,9 @@ void Trainer::accumulate_gradients(const Batch& global_batch, double loss_scale,
   const Batch batch = local_rows(global_batch);
   TokenBatch tb{batch.batch_size, batch.seq_len, batch.token_ids.data(), batch.padding_mask.data(),
                 batch.targets.data(), batch.sample_weight.data()};
-  if (!lora_) {
-    LossSums s = forward_backward(model_, tb, loss_scale, &grads_, &workspace_);
-    sums.weighted_ce += s.weighted_ce;
-    sums.weighted_correct += s.weighted_correct;
-    sums.weight += s.weight;
-    return;
-  }
-  for (auto& g : lora_weight_grads_) std::fill(g.begin(), g.end(), 0.f);
-  LossSums s = forward_backward(training_model(), tb, loss_scale, &grads_, &workspace_);
-  for (size_t i = 0; i < lora_->adapters.size(); ++i) {
-    const float* grad_w = lora_weight_grads_[i].data();
-    std::vector<float> whole;  // tensor parallel: this process' part of ∂L/∂W_eff, zero elsewhere
-    if (plan_.active()) {
-      const ShardSpec region = plan_.compute_region(lora_targets_[i]);
-      whole.assign(static_cast<size_t>(region.full_size()), 0.f);
-      place_block(grad_w, region, whole.data());
-      grad_w = whole.data();
-    }
-    lora_backward(config_, lora_->adapters[i], lora_->scale(), grad_w);
-  }
+  // Full fine-tuning: into the weights' gradients; LoRA: into the adapters' grad_a / grad_b.
+  const LossSums s = lora_ ? forward_backward(training_model(), tb, loss_scale, &grads_, &workspace_)
+                          : forward_backward(model_, tb, loss_scale, &grads_, &workspace_);
   sums.weighted_ce += s.weighted_ce;
   sums.weighted_correct += s.weighted_correct;
   sums.weight += s.weight;

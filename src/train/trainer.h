@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "data/batches.h"
-#include "dist/sharded_model.h"
+#include "model/sharded_model.h"
 #include "model/backward.h"
 #include "model/lora.h"
 #include "train/optimizer.h"
@@ -116,7 +116,7 @@ class Trainer {
 
   void place_variables();
   void refresh_working_copy(Trainable& t);  // from the block the optimizer updated
-  GemmaModel training_model();      // what forward/backward run on (LoRA merged in)
+  GemmaModel training_model();      // LoRA: what forward/backward run on (adapters as low-rank terms)
   Batch local_rows(const Batch& batch) const;  // this process' slice of the batch axis
   void accumulate_gradients(const Batch& batch, double loss_scale, LossSums& sums);
   void finish_gradients(LossSums& sums);  // sum over the batch axis, cut blocks
@@ -127,7 +127,6 @@ class Trainer {
   Distribution dist_;
   GemmaConfig config_;        // the whole model's (model_.config is this process' part under TP)
   TensorParallelPlan plan_;
-  std::vector<VariableSpec> lora_targets_;  // per adapter: the variable it adapts
   std::vector<Trainable> trainables_;
   ShardedModel frozen_;  // LoRA under a mesh: the frozen base, split variables as blocks
   GemmaModel model_;                  // LoRA: the frozen base; full: writable fp32 weights
@@ -135,7 +134,6 @@ class Trainer {
   FitOptions options_;
   std::vector<Parameter> params_;
   std::vector<std::vector<float>> grad_storage_;  // full fine-tuning gradients, per parameter
-  std::vector<std::vector<float>> lora_weight_grads_;  // LoRA: ∂L/∂W_eff per adapter
   ModelGradients grads_;
   TrainingWorkspace workspace_;  // activations and temporaries, reused from step to step
   std::unique_ptr<AdamW> optimizer_;

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/communicator.h"
+#include "distribution/communicator.h"
 
 namespace meshtune {
 

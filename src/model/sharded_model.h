@@ -7,8 +7,8 @@
 #pragma once
 #include <vector>
 
-#include "dist/sharding.h"
-#include "dist/tensor_parallel.h"
+#include "distribution/sharding.h"
+#include "model/tensor_parallel.h"
 #include "model/gemma.h"
 #include "model/lora.h"
 

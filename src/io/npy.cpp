@@ -1,4 +1,4 @@
-#include "core/npy.h"
+#include "io/npy.h"
 
 #include <bit>
 #include <cstdio>

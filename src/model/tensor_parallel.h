@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/layout.h"
-#include "dist/sharding.h"
+#include "distribution/layout.h"
+#include "distribution/sharding.h"
 #include "model/config.h"
 #include "model/variables.h"
 

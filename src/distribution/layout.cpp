@@ -1,6 +1,6 @@
 // LayoutMap (spec §10): exact key, else the single full-matching regex, else replicated; resolve()
 // checks a spec against a variable's shape and the mesh so a bad layout fails before any work.
-#include "dist/layout.h"
+#include "distribution/layout.h"
 
 #include <sstream>
 
@@ -88,30 +88,6 @@ void LayoutMap::add_rule_text(const std::string& text) {
   }
   if (!axes.empty() && axes.back() == ',') spec.push_back(std::nullopt);  // getline drops a trailing empty entry
   add(key, spec);
-}
-
-LayoutMap LayoutMap::keras_hub_gemma(const std::string& model_axis, const std::string& batch_axis) {
-  // KerasHub GemmaBackbone.get_layout_map: the model axis on heads / vocabulary / FFW width, the data
-  // axis on the hidden dimension (FSDP-style).
-  LayoutMap map;
-  map.add("token_embedding/embeddings", {model_axis, batch_axis});
-  map.add("decoder_block.*attention.*(query|key|value).kernel", {model_axis, batch_axis, std::nullopt});
-  map.add("decoder_block.*attention_output.kernel", {model_axis, std::nullopt, batch_axis});
-  map.add("decoder_block.*ffw_gating.kernel", {batch_axis, model_axis});
-  map.add("decoder_block.*ffw_gating_2.kernel", {batch_axis, model_axis});
-  map.add("decoder_block.*ffw_linear.kernel", {model_axis, batch_axis});
-  return map;
-}
-
-LayoutMap LayoutMap::tutorial_gemma(const std::string& model_axis) {
-  // The tutorial's current code (spec §10 "new TUT"); "ffw_gating.*kernel" also covers ffw_gating_2.
-  LayoutMap map;
-  map.add("token_embedding/embeddings", {model_axis, std::nullopt});
-  map.add("decoder_block.*attention.*(query|key|value).*kernel", {model_axis, std::nullopt, std::nullopt});
-  map.add("decoder_block.*attention_output.*kernel", {model_axis, std::nullopt, std::nullopt});
-  map.add("decoder_block.*ffw_gating.*kernel", {std::nullopt, model_axis});
-  map.add("decoder_block.*ffw_linear.*kernel", {model_axis, std::nullopt});
-  return map;
 }
 
 std::optional<std::pair<std::string, PartitionSpec>> LayoutMap::lookup_rule(const std::string& path) const {

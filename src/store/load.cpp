@@ -1,4 +1,4 @@
-#include "model/load.h"
+#include "store/load.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -1,30 +1,18 @@
-#include "dist/sharding.h"
+#include "distribution/sharding.h"
 
 #include "core/error.h"
 
 namespace meshtune {
 
-// Our 3-D dimension that holds each Keras dimension (see keras_to_ours in model/variables.cpp).
-std::vector<int> our_dimensions(VarKind kind, bool identity, size_t keras_rank) {
-  if (identity) {  // right-aligned: rank-1 → {2}, rank-2 → {1, 2}, rank-3 → {0, 1, 2}
-    std::vector<int> dims;
-    for (size_t i = 0; i < keras_rank; ++i) dims.push_back(int(3 - keras_rank + i));
-    return dims;
-  }
-  switch (kind) {
-    case VarKind::Embedding: return {1, 2};     // (V, D) → (1, V, D)
-    case VarKind::Norm: return {2};             // (D,) → (1, 1, D)
-    case VarKind::HeadsIn: return {0, 2, 1};    // (n, d, h) → (n, h, d)
-    case VarKind::HeadsOut: return {1, 2, 0};   // (n, h, d) → (d, n, h)
-    case VarKind::Dense: return {2, 1};         // (in, out) → (1, out, in)
-  }
-  return {};
+DimensionMap right_aligned_dimensions(size_t rank) {
+  DimensionMap dims;
+  for (size_t i = 0; i < rank; ++i) dims.push_back(int(3 - rank + i));
+  return dims;
 }
 
-ShardSpec whole_shard_spec(VarKind kind, bool identity, const Shape& keras_shape) {
+ShardSpec whole_shard_spec(const DimensionMap& dims, const Shape& keras_shape) {
   ShardSpec s;
-  const std::vector<int> dims = our_dimensions(kind, identity, keras_shape.size());
-  check(dims.size() == keras_shape.size(), "sharding: rank mismatch");
+  check(dims.size() == keras_shape.size() && keras_shape.size() <= 3, "sharding: rank mismatch");
   for (size_t k = 0; k < keras_shape.size(); ++k) s.full[size_t(dims[k])] = keras_shape[k];
   s.local = s.full;
   return s;
@@ -62,10 +50,9 @@ ShardSpec relative(const ShardSpec& inner, const ShardSpec& outer) {
   return r;
 }
 
-ShardSpec make_shard_spec(VarKind kind, bool identity, const Shape& keras_shape, const PartitionSpec& spec,
+ShardSpec make_shard_spec(const DimensionMap& dims, const Shape& keras_shape, const PartitionSpec& spec,
                           DeviceMesh& mesh) {
-  ShardSpec s = whole_shard_spec(kind, identity, keras_shape);
-  const std::vector<int> dims = our_dimensions(kind, identity, keras_shape.size());
+  ShardSpec s = whole_shard_spec(dims, keras_shape);
   check(spec.size() == keras_shape.size(), "sharding: rank mismatch");
   for (size_t k = 0; k < spec.size(); ++k) {
     if (!spec[k]) continue;

@@ -1,4 +1,4 @@
-#include "dist/sharded_model.h"
+#include "model/sharded_model.h"
 
 #include <cstring>
 #include <map>
@@ -75,7 +75,7 @@ static const float* f32_values(const WeightMatrix& values, std::vector<float>& w
 ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh& mesh, const TensorParallelPlan& plan)
     : model_(std::move(model)), mesh_(&mesh), plan_(plan) {
   for (const VariableSpec& spec : gemma_variables(model_.config)) {
-    ShardSpec shard = make_shard_spec(spec.kind, false, spec.keras_shape,
+    ShardSpec shard = make_shard_spec(our_dimensions(spec.kind), spec.keras_shape,
                                       layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
     if (!shard.split()) continue;
     // A variable that already holds just this block was loaded that way (sharded loading): keep it
@@ -148,7 +148,7 @@ GemmaModel ShardedModel::compute_model(bool by_layer) const {
     for (const Block& b : blocks_)
       if (b.spec.slot == spec.slot && b.spec.layer == spec.layer) block = &b;
     if (!block) {  // replicated: tensor parallelism may use a slice of it (K/V heads)
-      if (same_region(region, whole_shard_spec(spec.kind, false, spec.keras_shape))) continue;
+      if (same_region(region, whole_shard_spec(our_dimensions(spec.kind), spec.keras_shape))) continue;
       const WeightMatrix& whole = *model_.matrix(spec.slot, spec.layer);
       WeightMatrix rows;
       if (whole_rows(whole, region, rows)) *m.matrix(spec.slot, spec.layer) = rows;  // shared

@@ -1,4 +1,4 @@
-#include "model/lora_files.h"
+#include "store/lora_files.h"
 
 #include <algorithm>
 #include <cmath>

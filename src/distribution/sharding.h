@@ -9,9 +9,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "dist/layout.h"
-#include "dist/mesh.h"
-#include "model/variables.h"
+#include "distribution/layout.h"
+#include "distribution/mesh.h"
 
 namespace meshtune {
 
@@ -25,17 +24,18 @@ struct ShardSpec {
   int64_t local_size() const { return local[0] * local[1] * local[2]; }
 };
 
-// How a variable's Keras dimensions map onto our 3-D layout: a model variable of `kind`, or a
-// LoRA matrix (stored in its own — Keras — layout: identity).
-ShardSpec make_shard_spec(VarKind kind, bool identity_layout, const Shape& keras_shape, const PartitionSpec& spec,
-                          DeviceMesh& mesh);
+// Which of the 3-D dimensions holds each dimension of a tensor as its layout (PartitionSpec) names
+// them: the model layer knows how its variables are stored (model/variables.h our_dimensions);
+// a tensor stored as it is named maps right-aligned (rank 1 → {2}, rank 2 → {1, 2}, rank 3 → {0, 1, 2}).
+using DimensionMap = std::vector<int>;
+DimensionMap right_aligned_dimensions(size_t rank);
 
-// Our 3-D dimension holding each Keras dimension of a variable of `kind` (identity layout: LoRA).
-std::vector<int> our_dimensions(VarKind kind, bool identity_layout, size_t keras_rank);
+// This process' block of a tensor of `shape` (as named) placed by `spec` on `mesh`.
+ShardSpec make_shard_spec(const DimensionMap& dims, const Shape& shape, const PartitionSpec& spec, DeviceMesh& mesh);
 
-// The whole variable as a spec (nothing split), and narrowing dimension `dim` of a spec to
+// The whole tensor as a spec (nothing split), and narrowing dimension `dim` of a spec to
 // [offset, offset + length) as split over mesh axis `axis` (tensor parallelism's compute regions).
-ShardSpec whole_shard_spec(VarKind kind, bool identity_layout, const Shape& keras_shape);
+ShardSpec whole_shard_spec(const DimensionMap& dims, const Shape& shape);
 void narrow(ShardSpec& s, int dim, int axis, int64_t offset, int64_t length);
 bool contains(const ShardSpec& outer, const ShardSpec& inner);  // inner's region lies inside outer's
 bool same_region(const ShardSpec& a, const ShardSpec& b);

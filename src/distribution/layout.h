@@ -9,8 +9,7 @@
 
 #include "core/tensor.h"
 #include "core/user_regex.h"
-#include "dist/mesh.h"
-#include "model/config.h"
+#include "distribution/mesh.h"
 
 namespace meshtune {
 
@@ -26,13 +25,6 @@ class LayoutMap {
   static LayoutMap from_json_file(const std::string& path);
   // "REGEX=,model" / "REGEX=model,None,None": comma-separated entries, empty or None/null = none.
   void add_rule_text(const std::string& text);
-  // KerasHub GemmaBackbone.get_layout_map(mesh, model_parallel_dim_name, data_parallel_dim_name)
-  // (spec §10, current KerasHub): embeddings (model, batch), q/k/v (model, batch, None),
-  // attention_output (model, None, batch), ffw_gating(_2) (batch, model), ffw_linear (model, batch).
-  static LayoutMap keras_hub_gemma(const std::string& model_axis = "model", const std::string& batch_axis = "batch");
-  // The Keras distributed-tuning tutorial's map (new version, spec §10 table, "new TUT").
-  static LayoutMap tutorial_gemma(const std::string& model_axis = "model");
-
   // The spec for a variable path: exact key, else the one full-matching regex; none → nullopt.
   // Throws Error naming the path and both keys when two regexes match.
   std::optional<PartitionSpec> lookup(const std::string& path) const;

@@ -1,4 +1,4 @@
-#include "dist/tensor_parallel.h"
+#include "model/tensor_parallel.h"
 
 #include <algorithm>
 
@@ -16,7 +16,7 @@ GemmaConfig TensorParallelPlan::local_config(const GemmaConfig& whole) const {
 }
 
 ShardSpec TensorParallelPlan::compute_region(const VariableSpec& spec) const {
-  ShardSpec s = whole_shard_spec(spec.kind, false, spec.keras_shape);
+  ShardSpec s = whole_shard_spec(our_dimensions(spec.kind), spec.keras_shape);
   if (!active()) return s;
   // Our 3-D views: q/k/v (heads, H, D), attention_output (D, N, H), gating (1, F, D), linear (1, D, F).
   auto part_of = [&](int64_t n) { return n / parts; };

@@ -1,6 +1,6 @@
 // DeviceMesh: ranks laid out row-major on the mesh (as jax reshapes its device list), with one
 // sub-communicator per axis.
-#include "dist/mesh.h"
+#include "distribution/mesh.h"
 
 #include <charconv>
 #include <cstdint>

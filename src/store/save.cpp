@@ -1,4 +1,4 @@
-#include "model/save.h"
+#include "store/save.h"
 
 #include <chrono>
 #include <ctime>

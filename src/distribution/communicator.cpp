@@ -1,5 +1,5 @@
 // Communicators: OpenMPI under mpirun, a one-member copy-only communicator otherwise.
-#include "dist/communicator.h"
+#include "distribution/communicator.h"
 
 #include <chrono>
 
