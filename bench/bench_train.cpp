@@ -230,7 +230,6 @@ int main(int argc, char** argv) {
     fit.adamw.learning_rate = o.lr;
     fit.adamw.weight_decay = 0.01;
     fit.adamw.epsilon = 1e-7;
-    fit.progress = false;
     Trainer trainer(std::move(model), lora, fit);
 
     const CpuTimes cpu_start = cpu_times();

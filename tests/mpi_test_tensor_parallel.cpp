@@ -93,7 +93,6 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
   // norms are over whole variables, summed from every process' blocks.
   for (const std::string clip : {"none", "clipnorm", "global_clipnorm"}) {
     FitOptions options;
-    options.progress = false;
     if (clip == "clipnorm") options.adamw.clipnorm = 1e-3;
     if (clip == "global_clipnorm") options.adamw.global_clipnorm = 1e-3;
     Trainer one(model, make_lora(), options);

@@ -10,7 +10,7 @@
 #include "model/sharded_model.h"
 #include "model/lora.h"
 #include "store/save.h"
-#include "train/trainer.h"
+#include "store/checkpoint.h"
 
 namespace meshtune::cli {
 

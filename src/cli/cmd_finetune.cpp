@@ -8,6 +8,7 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <memory>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -34,6 +35,19 @@ static size_t allocated_bytes() {
   return info.uordblks + info.hblkhd;
 }
 static void request_stop(int) { g_stop.store(true); }
+
+// The resume tests' hook (MESHTUNE_TEST_KILL_AFTER_STEP): SIGKILL, as a crash would, right after
+// the given step's checkpoint is written.
+class KillAfterCheckpoint : public TrainingLog {
+ public:
+  explicit KillAfterCheckpoint(int64_t step) : step_(step) {}
+  void checkpoint_saved(int64_t step, const std::string&) override {
+    if (step == step_) std::raise(SIGKILL);
+  }
+
+ private:
+  int64_t step_;
+};
 
 static std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
@@ -195,23 +209,25 @@ Runner add_finetune_command(CLI::App& app) {
     }
     fit.checkpoint_path = (fs::path(o->out) / "checkpoint.safetensors").string();
     fit.checkpoint_every = o->checkpoint_every;
-    fit.log_jsonl = o->log_jsonl;
-    fit.progress = !o->no_progress;
-    // Test hook for the resume test: a real SIGKILL right after a given step's checkpoint.
-    if (const char* kill = std::getenv("MESHTUNE_TEST_KILL_AFTER_STEP")) fit.kill_after_step = std::atoll(kill);
-    if (const char* rank = std::getenv("MESHTUNE_TEST_KILL_RANK"))  // only that rank dies
-      if (world().rank() != std::atoi(rank)) fit.kill_after_step = 0;
-
     const bool main_process = !mesh || mesh->comm().rank() == 0;
-    if (!main_process) {
-      fit.log_jsonl.clear();
-      fit.progress = false;
+    // Logging sinks: the progress bar and the JSONL log on the first process only.
+    std::vector<std::unique_ptr<TrainingLog>> logs;
+    if (main_process && !o->no_progress) logs.push_back(std::make_unique<ProgressLog>(stderr));
+    if (main_process && !o->log_jsonl.empty()) logs.push_back(std::make_unique<JsonlLog>(o->log_jsonl));
+    // Test hook for the resume tests: a real SIGKILL right after a given step's checkpoint
+    // (MESHTUNE_TEST_KILL_RANK: only that rank dies).
+    if (const char* kill = std::getenv("MESHTUNE_TEST_KILL_AFTER_STEP")) {
+      const char* rank = std::getenv("MESHTUNE_TEST_KILL_RANK");
+      if (!rank || world().rank() == std::atoi(rank)) logs.push_back(std::make_unique<KillAfterCheckpoint>(std::atoll(kill)));
     }
+    std::vector<TrainingLog*> log_sinks;
+    for (const auto& log : logs) log_sinks.push_back(log.get());
     const size_t one_device_bytes =
         size_t(config.num_parameters()) * (loaded.model.embeddings.dtype == DType::BF16 ? 2 : 4);
     const std::vector<int> stop_ids =
         loaded.tokenizer ? default_stop_token_ids(loaded.model, *loaded.tokenizer) : std::vector<int>{1};
     Trainer trainer(std::move(loaded.model), lora, fit, distribution);
+    if (mesh && main_process) std::cerr << "meshtune: " << trainer.plan_summary() << "\n";
     if (main_process)  // what sharding saves, from our tables and from the allocator
       std::cerr << (mesh ? "mesh " + mesh->describe() : std::string("one device")) << ": this process holds "
                 << trainer.held_weight_bytes() << " bytes of weights (one device: " << one_device_bytes
@@ -242,7 +258,7 @@ Runner add_finetune_command(CLI::App& app) {
     std::signal(SIGINT, request_stop);
     std::signal(SIGTERM, request_stop);
     const auto fit_start = std::chrono::steady_clock::now();
-    EpochMetrics metrics = trainer.fit(stream, &g_stop);
+    EpochMetrics metrics = trainer.fit(stream, log_sinks, &g_stop);
     const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);

@@ -1,7 +1,8 @@
 // fit(): LoRA or full-parameter fine-tuning of a Gemma model on batches from a BatchStream, with
-// Keras' AdamW, loss and metrics, a Keras progress bar, JSONL logs, and checkpoints that resume
-// bit-identically (trainable weights, optimizer slots, step, data position and metric sums in one
-// atomically written file).
+// Keras' AdamW, loss and metrics, progress through logging sinks (train/training_log.h), and
+// checkpoints that resume bit-identically (trainable weights, optimizer slots, step, data position
+// and metric sums; store/checkpoint.h). The jobs live in their own files: trainer.cpp the fit
+// loop, placement.cpp the trainable tensors' placement on the mesh and their gradients' collectives.
 #pragma once
 #include <atomic>
 #include <map>
@@ -16,6 +17,8 @@
 #include "model/lora.h"
 #include "train/optimizer.h"
 #include "train/parameter.h"
+#include "train/training_log.h"
+#include "store/checkpoint.h"
 
 namespace meshtune {
 
@@ -28,9 +31,6 @@ struct FitOptions {
   std::string checkpoint_path;   // "" = no checkpoints
   int64_t checkpoint_every = 0;  // steps; 0 = only at the end (and on SIGINT/SIGTERM)
   bool resume = false;
-  std::string log_jsonl;         // "" = none
-  bool progress = true;          // the Keras progress bar on stderr
-  int64_t kill_after_step = 0;   // tests only: SIGKILL this process after step N's checkpoint
 };
 
 // How training is spread over processes (keras.distribution.ModelParallel / DataParallel): the
@@ -40,24 +40,12 @@ struct Distribution {
   DeviceMesh* mesh = nullptr;
   LayoutMap layout;
   std::string batch_axis = "batch";
-  bool tensor_parallel = true;  // compute heads/FFN width split when the layout allows (dist/tensor_parallel.h)
+  bool tensor_parallel = true;  // compute heads/FFN width split when the layout allows (model/tensor_parallel.h)
 };
 
 struct EpochMetrics {
   double loss = 0, accuracy = 0;  // running epoch means, as Keras displays them
 };
-
-// The trainable weights of a checkpoint written by fit() — one file, or a sharded run's manifest
-// (every rank's blocks reassembled from the placement each file records): whole variables by
-// Keras path (LoRA matrices in Keras layout, model weights in our layout). For `export --checkpoint`.
-struct TrainedParameters {
-  std::string mode;  // "lora" or "full"
-  int64_t step = 0;
-  int lora_rank = 0;
-  double lora_alpha = 0;
-  std::map<std::string, std::vector<float>> values;
-};
-TrainedParameters read_trained_parameters(const std::string& manifest_or_file);
 
 class Trainer {
  public:
@@ -66,9 +54,10 @@ class Trainer {
   Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOptions& options,
           const Distribution& distribution = {});
 
-  // Runs the epochs; returns the last epoch's metrics. Stops early (after saving a checkpoint) if
-  // `stop_requested` becomes true; then `interrupted()` is true.
-  EpochMetrics fit(const BatchStream& data, const std::atomic<bool>* stop_requested = nullptr);
+  // Runs the epochs (or steps), reporting to `logs`; returns the last epoch's metrics. Stops early
+  // (after saving a checkpoint) if `stop_requested` becomes true; then `interrupted()` is true.
+  EpochMetrics fit(const BatchStream& data, const std::vector<TrainingLog*>& logs = {},
+                   const std::atomic<bool>* stop_requested = nullptr);
   // Mean loss/accuracy over a data set without updating anything.
   EpochMetrics evaluate(const BatchStream& data);
 
@@ -93,7 +82,8 @@ class Trainer {
   // `path` as a manifest naming the mesh and files.
   void save_checkpoint(const std::string& path) const;
   void load_checkpoint(const std::string& path);
-  bool is_main_process() const;  // rank 0 (or no mesh): the one that prints and writes shared files
+  bool is_main_process() const;
+  const std::string& plan_summary() const { return plan_.summary; }  // the tensor-parallel plan (mesh runs)  // rank 0 (or no mesh): the one that prints and writes shared files
   // Bytes of model weights this process holds persistently (blocks of split variables, whole
   // replicated ones) — what sharding saves.
   size_t held_weight_bytes() const;
@@ -122,7 +112,8 @@ class Trainer {
   void finish_gradients(LossSums& sums);  // sum over the batch axis, cut blocks
   void apply_update(double lr);           // AdamW on blocks, then refresh whole copies
   void zero_gradients();
-  std::string checkpoint_file(const std::string& path) const;
+  std::vector<CheckpointTensor> checkpoint_tensors() const;
+  CheckpointState checkpoint_state() const;
 
   Distribution dist_;
   GemmaConfig config_;        // the whole model's (model_.config is this process' part under TP)

@@ -1,0 +1,294 @@
+// Which tensors a Trainer trains and where they live: the working copies forward/backward use,
+// the blocks the optimizer updates under a mesh, and the collectives that turn this process'
+// gradients into its blocks' gradients (sums over the batch axis and the tensor-parallel axis).
+#include <algorithm>
+
+#include "core/error.h"
+#include "distribution/collectives.h"
+#include "model/variables.h"
+#include "train/trainer.h"
+
+namespace meshtune {
+
+// A variable's value storage (fp32 and writable for trainable variables) and the gradient pointer
+// that backward fills for it.
+struct SlotRef {
+  float* value = nullptr;
+  size_t size = 0;
+  float** grad = nullptr;
+};
+
+static SlotRef slot_ref(GemmaModel& m, ModelGradients& g, const VariableSpec& spec) {
+  float*& grad = g.of(spec.slot, spec.layer);
+  if (WeightMatrix* w = m.matrix(spec.slot, spec.layer))
+    return {const_cast<float*>(w->f32()), size_t(w->rows * w->cols), &grad};
+  std::vector<float>* v = m.vector(spec.slot, spec.layer);
+  return {v->data(), v->size(), &grad};
+}
+
+static std::string short_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOptions& options,
+                 const Distribution& distribution)
+    : dist_(distribution), model_(std::move(base)), lora_(std::move(lora)), options_(options) {
+  config_ = model_.config;
+  const GemmaConfig& c = config_;
+  grads_.layers.assign(size_t(c.num_layers), LayerGradients{});
+  if (lora_ && lora_->adapters.empty()) lora_.reset();
+  if (lora_) {
+    validate_lora(c, *lora_, "LoRA adapter");
+    for (LoraAdapter& ad : lora_->adapters) {
+      ad.grad_a.assign(ad.a.size(), 0.f);
+      ad.grad_b.assign(ad.b.size(), 0.f);
+      const std::string path = ad.keras_path(c);
+      params_.push_back({path + "/lora_kernel_a", "lora_kernel_a", ad.a_shape, ad.a.data(), ad.grad_a.data(), ad.a.size()});
+      params_.push_back({path + "/lora_kernel_b", "lora_kernel_b", ad.b_shape, ad.b.data(), ad.grad_b.data(), ad.b.size()});
+    }
+  } else {
+    // Writable fp32 working copies (full fine-tuning updates in place). Under a mesh
+    // place_variables() makes them: only this process' part, read from the stored weights.
+    const auto specs = gemma_variables(c);
+    grad_storage_.resize(specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (!dist_.mesh) set_variable(model_, specs[i], variable_values(model_, specs[i]));
+      params_.push_back({specs[i].keras_path, short_name(specs[i].keras_path), specs[i].hf_shape, nullptr, nullptr,
+                         size_t(num_elements(specs[i].hf_shape))});
+      if (dist_.mesh) continue;
+      SlotRef ref = slot_ref(model_, grads_, specs[i]);
+      grad_storage_[i].assign(ref.size, 0.f);
+      *ref.grad = grad_storage_[i].data();
+      params_.back().value = ref.value;
+      params_.back().grad = grad_storage_[i].data();
+    }
+  }
+  place_variables();
+  optimizer_ = std::make_unique<AdamW>(options_.adamw, params_);
+  if (dist_.mesh && dist_.mesh->size() > 1)
+    optimizer_->sum_squared_norms = [this](std::vector<double>& squared_norms) {
+      // Every process holds a block of each variable, and each block is held by mesh size ÷
+      // (number of blocks) processes: sum the blocks' squares over all, counting each block once.
+      DeviceMesh& mesh = *dist_.mesh;
+      for (size_t i = 0; i < squared_norms.size(); ++i) {
+        const Trainable& t = trainables_[i];
+        const double holders = double(mesh.size()) * double(t.held().local_size()) / double(t.held().full_size());
+        squared_norms[i] /= holders;
+      }
+      mesh.comm().all_reduce_sum(squared_norms.data(), squared_norms.size());
+    };
+}
+
+// ---- placement on the mesh --------------------------------------------------------------------
+
+void Trainer::place_variables() {
+  for (const Parameter& p : params_) {
+    Trainable t;
+    t.value = p.value;
+    t.grad = p.grad;
+    t.size = t.whole_size = p.size;
+    trainables_.push_back(std::move(t));
+  }
+  if (!dist_.mesh) return;
+  DeviceMesh& mesh = *dist_.mesh;
+  plan_ = plan_tensor_parallel(config_, dist_.layout, mesh, dist_.batch_axis, dist_.tensor_parallel);
+  if (lora_) {
+    // The frozen base: blocks of the split variables only. LoRA matrices are used whole (in their
+    // own, Keras, layout); under tensor parallelism each process' gradient is its heads' share.
+    frozen_ = ShardedModel(std::move(model_), dist_.layout, mesh, plan_);
+    model_ = frozen_.replicated_part();
+    for (size_t i = 0; i < lora_->adapters.size(); ++i) {
+      const LoraAdapter& ad = lora_->adapters[i];
+      for (int which = 0; which < 2; ++which) {
+        Trainable& t = trainables_[2 * i + size_t(which)];
+        const Shape& shape = which == 0 ? ad.a_shape : ad.b_shape;
+        t.region = whole_shard_spec(right_aligned_dimensions(shape.size()), shape);
+        t.shard = make_shard_spec(right_aligned_dimensions(shape.size()), shape,
+                                  dist_.layout.resolve(params_[2 * i + size_t(which)].path, shape, mesh), mesh);
+        t.partial = plan_.active();
+      }
+    }
+  } else {
+    // Full fine-tuning: every variable's block (the optimizer's) and fp32 working copy (its compute
+    // region), read from the stored weights — or from the block sharded loading left there.
+    const auto specs = gemma_variables(config_);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const VariableSpec& spec = specs[i];
+      Trainable& t = trainables_[i];
+      t.shard = make_shard_spec(our_dimensions(spec.kind), spec.keras_shape,
+                                dist_.layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
+      t.region = plan_.compute_region(spec);
+      t.partial = plan_.gradient_is_partial(spec);
+      std::vector<float> working;
+      if (holds_only_block(model_, spec, t.shard)) {
+        std::vector<float> block = variable_values(model_, spec);
+        working = gather_region(block.data(), t.shard, t.region, mesh);
+        if (t.separate()) t.block = std::move(block);
+      } else {
+        if (t.separate()) t.block = read_block(model_, spec, t.shard);
+        working = read_block(model_, spec, t.region);
+      }
+      set_variable(model_, spec, t.region, std::move(working));
+      SlotRef ref = slot_ref(model_, grads_, spec);
+      grad_storage_[i].assign(ref.size, 0.f);
+      *ref.grad = grad_storage_[i].data();
+      t.value = ref.value;
+      t.grad = grad_storage_[i].data();
+      t.size = ref.size;
+    }
+    model_.config = plan_.local_config(config_);
+    if (plan_.active()) {
+      model_.tensor_parallel = &mesh.axis_comm(plan_.axis);
+      model_.vocab_offset = plan_.vocab_offset(config_);
+    }
+  }
+  // The optimizer sees blocks where they are separate, else the working copies.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Trainable& t = trainables_[i];
+    const ShardSpec& held = t.held();
+    if (t.separate()) t.block_grad.assign(t.block.size(), 0.f);
+    params_[i].value = t.separate() ? t.block.data() : t.value;
+    params_[i].grad = t.separate() ? t.block_grad.data() : t.grad;
+    params_[i].size = size_t(held.local_size());
+    if (held.local_size() != held.full_size()) params_[i].shape = {held.local[0], held.local[1], held.local[2]};
+  }
+}
+
+void Trainer::refresh_working_copy(Trainable& t) {
+  if (!t.separate()) return;
+  const std::vector<float> values = gather_region(t.block.data(), t.shard, t.region, *dist_.mesh);
+  std::copy(values.begin(), values.end(), t.value);
+}
+
+size_t Trainer::held_weight_bytes() const {
+  if (lora_) return dist_.mesh ? frozen_.held_bytes() : model_.weight_bytes();
+  size_t bytes = 0;  // full fine-tuning: the working copies, and the blocks the optimizer owns
+  for (const Trainable& t : trainables_) bytes += (t.size + t.block.size()) * 4;
+  return bytes;
+}
+
+Batch Trainer::local_rows(const Batch& batch) const {
+  if (!dist_.mesh) return batch;
+  const int axis = dist_.mesh->axis_index(dist_.batch_axis);
+  if (axis < 0 || dist_.mesh->axis_size(axis) == 1) return batch;
+  const int64_t parts = dist_.mesh->axis_size(axis), c = dist_.mesh->coordinate(axis);
+  check(batch.batch_size % parts == 0, "batch of ", batch.batch_size, " examples is not divisible by the '",
+        dist_.batch_axis, "' mesh axis of size ", parts, " (choose --batch-size as a multiple of it)");
+  const int64_t rows = batch.batch_size / parts, L = batch.seq_len;
+  Batch local;
+  local.batch_size = rows;
+  local.seq_len = L;
+  auto slice = [&](const auto& v) { return std::vector(v.begin() + c * rows * L, v.begin() + (c + 1) * rows * L); };
+  local.token_ids = slice(batch.token_ids);
+  local.padding_mask = slice(batch.padding_mask);
+  local.targets = slice(batch.targets);
+  local.sample_weight = slice(batch.sample_weight);
+  return local;
+}
+
+// The dimension of `t`'s working copy that its block splits over mesh axis `axis` — when that is
+// the only split between them (then a reduce-scatter over the axis yields the block directly) — else -1.
+static int only_split_by(const ShardSpec& region, const ShardSpec& shard, int axis) {
+  if (!contains(region, shard)) return -1;
+  const ShardSpec inside = relative(shard, region);
+  int dim = -1;
+  for (int d = 0; d < 3; ++d) {
+    if (inside.axis[size_t(d)] < 0) continue;
+    if (inside.axis[size_t(d)] != axis || dim >= 0) return -1;
+    dim = d;
+  }
+  return dim;
+}
+
+void Trainer::finish_gradients(LossSums& sums) {
+  if (!dist_.mesh) return;
+  const int axis = dist_.mesh->axis_index(dist_.batch_axis);
+  Communicator* batch = axis >= 0 && dist_.mesh->axis_size(axis) > 1 ? &dist_.mesh->axis_comm(axis) : nullptr;
+  // Gradients whose block splits the working copy over the batch axis only are reduce-scattered
+  // (FSDP-style: each process receives just its block's sums); the others are all-reduced.
+  std::vector<int> scatter_dim(trainables_.size(), -1);
+  if (batch) {
+    double s[3] = {sums.weighted_ce, sums.weighted_correct, sums.weight};
+    batch->all_reduce_sum(s, 3);
+    sums = {s[0], s[1], s[2]};
+    std::vector<std::pair<float*, size_t>> grads;
+    for (size_t i = 0; i < trainables_.size(); ++i) {
+      Trainable& t = trainables_[i];
+      scatter_dim[i] = t.separate() ? only_split_by(t.region, t.shard, axis) : -1;
+      if (scatter_dim[i] < 0) grads.push_back({t.grad, t.size});
+    }
+    all_reduce_sum_bucketed(*batch, grads);
+  }
+  Communicator* tensor_parallel = plan_.active() ? &dist_.mesh->axis_comm(plan_.axis) : nullptr;
+  if (tensor_parallel) {  // partial gradients of parts this process holds whole: one bucketed sum
+    std::vector<std::pair<float*, size_t>> partial;
+    for (Trainable& t : trainables_)
+      if (t.partial && contains(t.region, t.shard)) partial.push_back({t.grad, t.size});
+    all_reduce_sum_bucketed(*tensor_parallel, partial);
+  }
+  for (size_t i = 0; i < trainables_.size(); ++i) {
+    Trainable& t = trainables_[i];
+    if (tensor_parallel && !contains(t.region, t.shard)) {
+      // The block reaches beyond this process' part (e.g. a replicated K/V kernel of which each
+      // process uses its heads): assemble the whole gradient from every process' part.
+      std::vector<float> whole(static_cast<size_t>(t.shard.full_size()), 0.f);
+      place_block(t.grad, t.region, whole.data());
+      tensor_parallel->all_reduce_sum(whole.data(), whole.size());
+      t.block_grad = take_block(whole.data(), t.shard);
+    } else if (scatter_dim[i] >= 0) {
+      // Every member's block, in member order, then one reduce-scatter.
+      ShardSpec member = relative(t.shard, t.region);
+      const size_t count = size_t(member.local_size());
+      std::vector<float> blocks(count * size_t(batch->size()));
+      for (int m = 0; m < batch->size(); ++m) {
+        member.offset[size_t(scatter_dim[i])] = member.local[size_t(scatter_dim[i])] * m;
+        const std::vector<float> b = take_block(t.grad, member);
+        std::copy(b.begin(), b.end(), blocks.begin() + long(count * size_t(m)));
+      }
+      t.block_grad.resize(count);
+      batch->reduce_scatter_sum(blocks.data(), count, t.block_grad.data());
+    } else if (t.separate()) {
+      t.block_grad = take_block(t.grad, relative(t.shard, t.region));
+    }
+    if (t.separate()) params_[i].grad = t.block_grad.data();  // take_block reallocated it
+  }
+}
+
+void Trainer::apply_update(double lr) {
+  optimizer_->step(params_, lr);
+  ++step_;
+  if (!dist_.mesh) return;
+  for (Trainable& t : trainables_) refresh_working_copy(t);
+}
+
+GemmaModel Trainer::current_model() {
+  if (lora_) return merge_lora(frozen_.has_split() ? frozen_.materialize() : model_, *lora_);
+  if (!plan_.active()) return model_;  // whole working copies
+  GemmaModel m = model_;  // tensor parallel: each variable gathered from its parts
+  m.config = config_;
+  m.tensor_parallel = nullptr;
+  m.vocab_offset = 0;
+  const auto specs = gemma_variables(config_);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Trainable& t = trainables_[i];
+    std::vector<float> whole(t.whole_size);
+    gather_full(t.separate() ? t.block.data() : t.value, t.shard, *dist_.mesh, whole.data());
+    set_variable(m, specs[i], std::move(whole));
+  }
+  return m;
+}
+
+GemmaModel Trainer::training_model() {
+  // The frozen base as computed here (under a mesh: this process' heads/FFN columns, the other
+  // split variables all-gathered one block at a time as the passes reach them), with the adapters
+  // as low-rank terms: nothing is merged.
+  GemmaModel m = dist_.mesh ? frozen_.compute_model(/*by_layer=*/true) : model_;
+  attach_lora(m, *lora_, config_, plan_);
+  return m;
+}
+
+GemmaModel Trainer::inference_model() {
+  if (!dist_.mesh) return current_model();
+  if (!lora_) return model_;  // the working copies (this process' parts under tensor parallelism)
+  return merge_lora_parts(frozen_.compute_model(/*by_layer=*/false), *lora_, config_, plan_);
+}
+
+}  // namespace meshtune
