@@ -14,31 +14,58 @@
 
 namespace meshtune {
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
+static void fsync_path(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  check(fd >= 0, path, ": cannot open for fsync: ", std::strerror(errno));
+  const int status = ::fsync(fd), err = errno;
+  ::close(fd);
+  check(status == 0, path, ": fsync failed: ", std::strerror(err));
+}
+
+void write_atomically(const std::string& path, const std::function<void(const std::string& tmp_path)>& write) {
   const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  check(fd >= 0, path, ": cannot write: ", std::strerror(errno));
-  size_t done = 0;
-  while (done < contents.size()) {
-    ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail(path, ": write failed: ", std::strerror(err));
-    }
-    done += size_t(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+  try {
+    write(tmp);
+    fsync_path(tmp, O_RDONLY);
+  } catch (...) {
     ::unlink(tmp.c_str());
-    fail(path, ": fsync/close failed: ", std::strerror(errno));
+    throw;
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
+    const int err = errno;
     ::unlink(tmp.c_str());
-    fail(path, ": rename failed: ", std::strerror(err));
+    fail(path, ": cannot rename ", tmp, " over it: ", std::strerror(err));
   }
+  // Make the rename itself durable. The new file is already in place, so a directory that cannot
+  // be synced (some file systems refuse) is not an error.
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void write_stream_atomically(const std::string& path, const std::function<void(std::FILE* out)>& write) {
+  write_atomically(path, [&](const std::string& tmp) {
+    std::FILE* out = std::fopen(tmp.c_str(), "wb");
+    check(out, path, ": cannot open ", tmp, " for writing: ", std::strerror(errno));
+    try {
+      write(out);
+    } catch (...) {
+      std::fclose(out);
+      throw;
+    }
+    const bool ok = !std::ferror(out);
+    const int err = errno;
+    check(std::fclose(out) == 0 && ok, path, ": write failed: ", std::strerror(ok ? errno : err));
+  });
+}
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  write_stream_atomically(path, [&](std::FILE* out) {
+    if (!contents.empty()) std::fwrite(contents.data(), 1, contents.size(), out);
+  });
 }
 
 std::string read_file(const std::string& path, size_t max_bytes) {

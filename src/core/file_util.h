@@ -1,11 +1,21 @@
-// Writing files without ever leaving a half-written one behind: write a temp file beside the
-// target, fsync, rename over it.
+// Files in and out. Every writer in the tree goes through write_atomically, so no run ever leaves
+// a half-written file or loses the previous one: a temp file beside the target, fsync, rename over
+// it, fsync of the directory.
 #pragma once
 #include <cstddef>
+#include <cstdio>
+#include <functional>
 #include <string>
 
 namespace meshtune {
 
+// `write` fills `path`.tmp (in the same directory) by any means — our own bytes, libhdf5 — and
+// closes it; then that file is fsynced and renamed over `path`, and the directory fsynced. If
+// `write` throws or any step fails, the temp file is removed, `path` is left as it was and Error
+// (naming `path`) is thrown.
+void write_atomically(const std::string& path, const std::function<void(const std::string& tmp_path)>& write);
+// The same with a stdio stream: `write` puts the bytes into `out` (a failed fwrite is caught at close).
+void write_stream_atomically(const std::string& path, const std::function<void(std::FILE* out)>& write);
 void write_file_atomic(const std::string& path, const std::string& contents);
 void copy_file_atomic(const std::string& from, const std::string& to);
 // The whole file; throws Error naming the file when it cannot be read or is over `max_bytes`.

@@ -330,16 +330,6 @@ void write_dataset(hid_t file, hid_t lcpl, const std::string& path, const std::s
   if (t.dtype == DType::BF16) write_string_attribute(dset.get(), where, "dtype", "bfloat16");
 }
 
-// Flushes a closed file's bytes to disk so the rename below cannot expose a half-written file.
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDWR);
-  if (fd < 0 && directory) return;  // best effort for the directory entry
-  if (fd < 0) fail("file ", path, ": cannot open for fsync");
-  int status = ::fsync(fd);
-  ::close(fd);
-  if (status != 0 && !directory) fail("file ", path, ": fsync failed");
-}
-
 void write_file(const std::string& tmp, const std::vector<std::pair<std::string, HostTensor>>& datasets,
                 const std::vector<std::string>& empty_groups) {
   const std::string where = "file " + tmp;
@@ -432,21 +422,8 @@ void write_h5_datasets(const std::string& path, const std::vector<std::pair<std:
                        const std::vector<std::string>& empty_groups) {
   std::lock_guard lock(h5_mutex());
   silence_hdf5();
-  const std::string tmp = path + ".tmp";
-  try {
-    write_file(tmp, datasets, empty_groups);  // all handles are closed when this returns or throws
-    fsync_path(tmp, false);
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    fail("file ", path, ": cannot rename ", tmp, " to it");
-  }
-  // Make the rename itself durable; failure here is not worth an error.
-  std::string parent = std::filesystem::path(path).parent_path().string();
-  fsync_path(parent.empty() ? "." : parent, true);
+  // All handles are closed when write_file returns or throws.
+  write_atomically(path, [&](const std::string& tmp) { write_file(tmp, datasets, empty_groups); });
 }
 
 }  // namespace meshtune

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/file_util.h"
 
 namespace meshtune {
 
@@ -232,28 +233,14 @@ void write_npy(const std::string& path, const HostTensor& tensor) {
   header.push_back('\n');
   if (header.size() > 0xffff) fail("file ", path, ": .npy header too long for format 1.0");
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("file ", path, ": cannot open ", tmp, " for writing");
+  write_stream_atomically(path, [&](std::FILE* out) {
     const unsigned char version_and_len[4] = {1, 0, (unsigned char)(header.size() & 0xff),
                                               (unsigned char)(header.size() >> 8)};
-    out.write(kMagic, kMagicLen);
-    out.write(reinterpret_cast<const char*>(version_and_len), 4);
-    out.write(header.data(), std::streamsize(header.size()));
-    if (nbytes > 0) out.write(reinterpret_cast<const char*>(tensor.data), std::streamsize(nbytes));
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      fail("file ", path, ": write failed");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    fail("file ", path, ": cannot rename ", tmp, " into place: ", ec.message());
-  }
+    std::fwrite(kMagic, 1, kMagicLen, out);
+    std::fwrite(version_and_len, 1, 4, out);
+    std::fwrite(header.data(), 1, header.size(), out);
+    if (nbytes > 0) std::fwrite(tensor.data, 1, nbytes, out);
+  });
 }
 
 }  // namespace meshtune

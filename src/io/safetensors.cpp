@@ -130,9 +130,6 @@ uint64_t read_u64_le(const unsigned char* p) {
   return v;
 }
 
-// Writes all of `size` bytes or returns false.
-bool write_all(FILE* f, const void* data, size_t size) { return size == 0 || fwrite(data, 1, size, f) == size; }
-
 }  // namespace
 
 std::map<std::string, HostTensor> parse_safetensors(const unsigned char* base, uint64_t file_size,
@@ -284,32 +281,12 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(uint64_t(header_text.size()) >> (8 * i));
 
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) fail("cannot create ", tmp, " (writing ", path, "): ", std::strerror(errno));
-  bool ok = write_all(f, len_bytes, 8) && write_all(f, header_text.data(), header_text.size());
-  for (size_t i = 0; ok && i < tensors.size(); ++i) ok = write_all(f, tensors[i].second.data, tensors[i].second.nbytes());
-  ok = ok && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  int saved_errno = errno;
-  if (std::fclose(f) != 0 && ok) {
-    ok = false;
-    saved_errno = errno;
-  }
-  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ok = false;
-    saved_errno = errno;
-  }
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fail("cannot write safetensors file ", path, ": ", std::strerror(saved_errno));
-  }
-  // Make the rename itself durable; a failure here does not undo the (already visible) file.
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    fsync(dfd);
-    close(dfd);
-  }
+  write_stream_atomically(path, [&](std::FILE* out) {
+    std::fwrite(len_bytes, 1, 8, out);
+    std::fwrite(header_text.data(), 1, header_text.size(), out);
+    for (const auto& [name, tensor] : tensors)
+      if (tensor.nbytes() > 0) std::fwrite(tensor.data, 1, tensor.nbytes(), out);
+  });
 }
 
 }  // namespace meshtune

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/file_util.h"
 
 namespace meshtune {
 
@@ -138,23 +139,7 @@ void train_tokenizer(const std::vector<std::string>& sentences, int vocab_size, 
   const auto status = sentencepiece::SentencePieceTrainer::Train(args, &iterator, &serialized);
   if (!status.ok()) fail("tokenizer training for ", out_path, " failed: ", status.ToString());
 
-  const std::string tmp = out_path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("tokenizer file ", out_path, ": cannot open ", tmp, " for writing");
-    out.write(serialized.data(), std::streamsize(serialized.size()));
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      fail("tokenizer file ", out_path, ": write failed");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, out_path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    fail("tokenizer file ", out_path, ": cannot rename ", tmp, " into place: ", ec.message());
-  }
+  write_file_atomic(out_path, serialized);
 }
 
 }  // namespace meshtune
