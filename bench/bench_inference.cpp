@@ -70,7 +70,7 @@ Options parse_args(int argc, char** argv) {
 
 // Gemma 2B: vocab 256000, hidden 2048, 8 query heads sharing 1 KV head of dim 256, FFN 16384.
 GemmaConfig gemma_2b_config(int layers) {
-  GemmaConfig c = named_config("gemma-2b", 256000);
+  GemmaConfig c = preset_config("gemma_2b_en");
   c.num_layers = layers;
   return c;
 }

@@ -5,7 +5,7 @@
 //   bench_train [--shape small|2b] [--layers N] [--threads 2] [--steps 5] [--warmup 1]
 //               [--batch 2] [--seq-len 128] [--rank 4] [--lr 1e-4] [--breakdown] [--dump FILE]
 //
-// small = the test fixtures' shape (named_config("tiny", 1000)); 2b = Gemma 2B (18 layers unless
+// small = the test fixtures' shape (preset_config("tiny", 1000)); 2b = Gemma 2B (18 layers unless
 // --layers). LoRA rank 4 on query and value (Keras style, alpha = rank), B set to small random
 // values so every gradient is non-zero; a random [batch, seq-len] token batch with all sample
 // weights 1; AdamW (lr 1e-4, weight decay 0.01, eps 1e-7). --breakdown adds per-phase timings;
@@ -82,10 +82,10 @@ Options parse_args(int argc, char** argv) {
 GemmaConfig bench_config(const Options& o) {
   GemmaConfig c;
   if (o.shape == "small") {
-    c = named_config("tiny", 1000);  // vocab 1000, D 64, 4 heads / 1 KV head of 16, FFN 128, family 1
+    c = preset_config("tiny", 1000);  // vocab 1000, D 64, 4 heads / 1 KV head of 16, FFN 128, family 1
     if (o.layers > 0) c.num_layers = o.layers;
   } else {
-    c = named_config("gemma-2b", 256000);
+    c = preset_config("gemma_2b_en");
     if (o.layers > 0) c.num_layers = o.layers;
   }
   c.validate("bench_train config");

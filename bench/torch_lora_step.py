@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 
 def config(shape, layers):
-    if shape == "small":  # named_config("tiny", 1000)
+    if shape == "small":  # preset_config("tiny", 1000)
         c = dict(vocab=1000, hidden=64, layers=2, heads=4, kv_heads=1, head_dim=16, ffw=128, query_scale_dim=16)
     else:  # Gemma 2B
         c = dict(vocab=256000, hidden=2048, layers=18, heads=8, kv_heads=1, head_dim=256, ffw=16384,

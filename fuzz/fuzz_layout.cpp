@@ -9,7 +9,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtune;
-  static const GemmaConfig config = named_config("tiny", 512);
+  static const GemmaConfig config = preset_config("tiny", 512);
   static const std::vector<VariableSpec> variables = gemma_variables(config);
   auto resolve_all = [&](const LayoutMap& map) {
     for (const VariableSpec& v : variables)

@@ -11,7 +11,7 @@
 namespace {
 
 const meshtune::GemmaConfig& config() {
-  static const meshtune::GemmaConfig c = meshtune::named_config("tiny", 512);
+  static const meshtune::GemmaConfig c = meshtune::preset_config("tiny", 512);
   return c;
 }
 

@@ -75,7 +75,7 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
   const Case param = GetParam();
   Communicator& comm = world();
   const int n = comm.size();
-  GemmaConfig config = named_config(param.model, 256);
+  GemmaConfig config = preset_config(param.model, 256);
   const GemmaModel model = random_model(config, 7, param.dtype);
   const Batch batch = random_batch(4, 10, config.vocab_size, 11);
   auto make_lora = [&] {

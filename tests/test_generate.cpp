@@ -29,7 +29,7 @@ std::vector<int32_t> greedy_by_recomputation(const GemmaModel& model, std::vecto
 class CachedGeneration : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CachedGeneration, EqualsFullRecomputation) {
-  GemmaConfig config = named_config(GetParam(), 97);
+  GemmaConfig config = preset_config(GetParam(), 97);
   config.sliding_window_size = 3;  // small, so the window really cuts in within 24 tokens
   config.attention_logit_soft_cap = config.family == 2 ? 1.0f : 0.f;
   config.final_logit_soft_cap = config.family == 2 ? 2.0f : 0.f;
@@ -59,7 +59,7 @@ INSTANTIATE_TEST_SUITE_P(Families, CachedGeneration, ::testing::Values("tiny", "
                          [](const auto& info) { return std::string(info.param == "tiny" ? "Gemma1" : info.param == "tiny-gemma2" ? "Gemma2" : "Gemma3"); });
 
 TEST(Generate, StopTokensEndTheMaskLikeKeras) {
-  GemmaModel model = random_model(named_config("tiny", 50), 3);
+  GemmaModel model = random_model(preset_config("tiny", 50), 3);
   const int L = 12;
   std::vector<int32_t> row(L, 0);
   row[0] = 2;

@@ -492,7 +492,7 @@ double relative_difference(const std::vector<float>& ours, const std::vector<dou
 // for Keras-style adapters (one A per head on q/k/v) and PEFT-style ones, on every family.
 TEST(Lora, LowRankPathEqualsMergedKernelGradients) {
   for (const std::string family : {"tiny", "tiny-gemma2", "tiny-gemma3"}) {
-    GemmaConfig config = named_config(family, 61);
+    GemmaConfig config = preset_config(family, 61);
     config.sliding_window_size = 3;
     const GemmaModel base = random_model(config, 7);
     const int64_t B = 2, T = 6, M = B * T;

@@ -145,7 +145,7 @@ INSTANTIATE_TEST_SUITE_P(Torch, TorchLoraFixture, ::testing::Values("keras", "pe
 class ModelGradient : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ModelGradient, FullAndLoraGradientsMatchFiniteDifferences) {
-  GemmaConfig config = named_config(GetParam(), 61);
+  GemmaConfig config = preset_config(GetParam(), 61);
   config.sliding_window_size = 3;
   if (config.family == 2) {
     config.attention_logit_soft_cap = 2.0f;
@@ -216,7 +216,7 @@ INSTANTIATE_TEST_SUITE_P(Families, ModelGradient, ::testing::Values("tiny", "tin
 // Answer-only loss: with prompt/response packing, what the prompt positions' targets are changes no
 // gradient at all (weight 0 really is 0), while changing a response target does.
 TEST(AnswerOnlyLoss, PromptTargetsDoNotReachTheGradients) {
-  GemmaModel model = random_model(named_config("tiny-gemma3", 61), 4);
+  GemmaModel model = random_model(preset_config("tiny-gemma3", 61), 4);
   std::optional<LoraWeights> lora = enable_lora(model.config, 2, parse_lora_targets({"all"}), 3);
   std::mt19937 rng(9);
   for (auto& a : lora->adapters)

@@ -136,7 +136,7 @@ Runner add_info_command(CLI::App& app) {
     std::cout << "Family: Gemma " << c.family << ", query scale 1/sqrt(" << c.query_scale_dim << ")"
               << ", sequence_length " << loaded.dir.sequence_length << "\n\n";
     const long long frozen = o->lora_rank > 0 ? total : 0;
-    std::cout << "Model: \"" << (c.family == 3 ? "gemma3_causal_lm" : "gemma_causal_lm") << "\"\n";
+    std::cout << "Model: \"" << c.names().keras_prefix << "_causal_lm" << "\"\n";
     std::cout << " Total params: " << with_commas(frozen + trainable) << " (" << keras_size((frozen ? bytes : 0) + trainable_bytes) << ")\n";
     std::cout << " Trainable params: " << with_commas(trainable) << " (" << keras_size(trainable_bytes) << ")\n";
     std::cout << " Non-trainable params: " << with_commas(frozen) << " (" << keras_size(frozen ? bytes : 0) << ")\n\n";

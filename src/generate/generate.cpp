@@ -73,10 +73,8 @@ GeneratedIds generate_ids(const GemmaModel& model, std::vector<std::vector<int32
 
 std::vector<int> default_stop_token_ids(const GemmaModel& model, const Tokenizer& tokenizer) {
   std::vector<int> stops = {tokenizer.eos_id()};
-  if (model.config.family == 3) {
-    int end_of_turn = tokenizer.piece_to_id("<end_of_turn>");
-    if (end_of_turn >= 0) stops.push_back(end_of_turn);
-  }
+  for (const std::string& piece : model.config.stop_tokens)
+    if (const int id = tokenizer.piece_to_id(piece); id >= 0) stops.push_back(id);
   return stops;
 }
 

@@ -8,19 +8,23 @@
 
 namespace meshtune {
 
+const FamilyNames& GemmaConfig::names() const {
+  static const FamilyNames table[] = {
+      {"gemma", "Gemma", "gemma", "GemmaForCausalLM", "post_attention_layernorm", false},
+      {"gemma", "Gemma", "gemma2", "Gemma2ForCausalLM", "pre_feedforward_layernorm", false},
+      {"gemma3", "Gemma3", "gemma3_text", "Gemma3ForCausalLM", "pre_feedforward_layernorm", true},
+  };
+  check(family >= 1 && family <= 3, "Gemma family ", family, " is not 1, 2 or 3");
+  return table[family - 1];
+}
+
 bool GemmaConfig::is_sliding(int layer) const {
-  if (!use_sliding_window_attention) return false;
-  if (family == 3) return layer % 6 < 5;
-  return layer % 2 == 0;
+  return use_sliding_window_attention && layer % sliding_window_pattern < sliding_window_pattern - 1;
 }
 
-float GemmaConfig::rope_base(int layer) const {
-  return (family == 3 && !is_sliding(layer)) ? rope_global_base : rope_local_base;
-}
+float GemmaConfig::rope_base(int layer) const { return is_sliding(layer) ? rope_local_base : rope_global_base; }
 
-float GemmaConfig::rope_scaling(int layer) const {
-  return (family == 3 && !is_sliding(layer)) ? rope_global_scaling : rope_local_scaling;
-}
+float GemmaConfig::rope_scaling(int layer) const { return is_sliding(layer) ? rope_local_scaling : rope_global_scaling; }
 
 float GemmaConfig::query_scale() const { return float(1.0 / std::sqrt(double(query_scale_dim))); }
 
@@ -60,6 +64,8 @@ void GemmaConfig::validate(const std::string& source) const {
   check(max_sequence_length > 0, source, ": the maximum sequence length must be positive");
   check(!use_sliding_window_attention || sliding_window_size > 0, source,
         ": sliding_window_size must be positive when sliding windows are used");
+  check(sliding_window_pattern >= 1 && sliding_window_pattern <= kMaxLayers, source,
+        ": sliding_window_pattern must be in [1, ", kMaxLayers, "], got ", sliding_window_pattern);
   check(vocab_size <= kMaxVocab && hidden_dim <= kMaxHidden && num_layers <= kMaxLayers && ffw_dim <= kMaxFfw &&
             head_dim <= kMaxHeadDim && num_query_heads <= kMaxHeads,
         source, ": implausible model dimensions");
@@ -106,6 +112,8 @@ GemmaConfig GemmaConfig::from_keras_json(const json& j, const std::string& sourc
     g.rope_local_scaling = float(c.number_or("local_rope_scaling_factor", 1.0));
     g.rope_global_scaling = float(c.number_or("global_rope_scaling_factor", 1.0));
     g.rope_global_base = 1e6f;
+    g.sliding_window_pattern = 6;  // fixed in KerasHub's Gemma3Backbone
+    g.stop_tokens = {"<end_of_turn>"};
     g.max_sequence_length = kGemma3MaxPositions;
     check(!c.has("vision_encoder"), source, ": Gemma 3 vision presets are not supported (text only)");
   } else {
@@ -161,9 +169,8 @@ GemmaConfig GemmaConfig::from_hf_json(const json& j_in, const std::string& sourc
     g.rope_local_base = float(j.number_or("rope_local_base_freq", 10000.0));
     if (auto scaling = j.find("rope_scaling"); scaling && scaling->is_object())
       g.rope_global_scaling = float(scaling->number_or("factor", 1.0));
-    const int64_t pattern = j.integer_or("sliding_window_pattern", 6, 0, kMaxLayers);
-    check(pattern == 6 || !g.use_sliding_window_attention, source, ": sliding_window_pattern ", pattern,
-          " is not supported (Gemma 3 uses 6)");
+    g.sliding_window_pattern = int(j.integer_or("sliding_window_pattern", 6, 1, kMaxLayers));
+    g.stop_tokens = {"<end_of_turn>"};
   }
   g.stored_dtype = j.string_or("torch_dtype", "float32");
   g.validate(source);
@@ -173,7 +180,8 @@ GemmaConfig GemmaConfig::from_hf_json(const json& j_in, const std::string& sourc
 json GemmaConfig::to_keras_json() const {
   json dtype = {{"module", "keras"}, {"class_name", "DTypePolicy"}, {"config", {{"name", "float32"}}},
                 {"registered_name", nullptr}};
-  json c = {{"name", family == 3 ? "gemma3_backbone" : "gemma_backbone"},
+  const FamilyNames& n = names();
+  json c = {{"name", std::string(n.keras_prefix) + "_backbone"},
             {"trainable", true},
             {"dtype", dtype},
             {"vocabulary_size", vocab_size},
@@ -205,16 +213,14 @@ json GemmaConfig::to_keras_json() const {
     c["final_logit_soft_cap"] = nullptr;
     c["attention_logit_soft_cap"] = nullptr;
   }
-  std::string cls = family == 3 ? "Gemma3Backbone" : "GemmaBackbone";
-  std::string module = family == 3 ? "keras_hub.src.models.gemma3.gemma3_backbone" : "keras_hub.src.models.gemma.gemma_backbone";
+  const std::string cls = std::string(n.keras_class) + "Backbone";
+  const std::string module = std::string("keras_hub.src.models.") + n.keras_prefix + "." + n.keras_prefix + "_backbone";
   return {{"module", module}, {"class_name", cls}, {"config", c}, {"registered_name", "keras_hub>" + cls}};
 }
 
 json GemmaConfig::to_hf_json() const {
-  static const char* types[] = {"", "gemma", "gemma2", "gemma3_text"};
-  static const char* archs[] = {"", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
-  json j = {{"architectures", {archs[family]}},
-            {"model_type", types[family]},
+  json j = {{"architectures", {names().hf_architecture}},
+            {"model_type", names().hf_model_type},
             {"vocab_size", vocab_size},
             {"hidden_size", hidden_dim},
             {"intermediate_size", ffw_dim},
@@ -253,7 +259,7 @@ json GemmaConfig::to_hf_json() const {
   }
   if (family == 3) {
     j["rope_local_base_freq"] = double(rope_local_base);
-    j["sliding_window_pattern"] = 6;
+    j["sliding_window_pattern"] = sliding_window_pattern;
     if (rope_global_scaling != 1.f) j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", double(rope_global_scaling)}};
   }
   return j;

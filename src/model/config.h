@@ -1,13 +1,27 @@
 // GemmaConfig: one plain struct describes Gemma 1, 2 and 3 (text); the family is data, not a class
-// hierarchy. Parsed from a Keras backbone config.json or a Hugging Face config.json (spec §3.2, §4).
+// hierarchy. Parsed from a Keras backbone config.json or a Hugging Face config.json (spec §3.2, §4);
+// the named variants (KerasHub presets) are in model/presets.h. Only this file and config.cpp look
+// at `family`: everything else reads the fields (the attention pattern, the stop tokens, the names
+// the formats use).
 #pragma once
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 namespace meshtune {
 
 inline constexpr int kGemma12MaxPositions = 8192, kGemma3MaxPositions = 131072, kMaxPositions = 1 << 20;
+
+// How KerasHub and Hugging Face name one family's classes, layers and tensors: one row per family.
+struct FamilyNames {
+  const char* keras_prefix;     // modules and layer names: "gemma" / "gemma3" (keras_hub.src.models.gemma3…)
+  const char* keras_class;      // class-name stem: "Gemma" / "Gemma3" (Gemma3Backbone, Gemma3CausalLM, …)
+  const char* hf_model_type;    // "gemma" / "gemma2" / "gemma3_text"
+  const char* hf_architecture;  // "GemmaForCausalLM" / "Gemma2ForCausalLM" / "Gemma3ForCausalLM"
+  const char* hf_pre_ffw_norm;  // the pre-FFW norm: "post_attention_layernorm" in Gemma 1, else "pre_feedforward_layernorm"
+  bool keras_vision_fields;     // Gemma 3's presets carry has_vision_tokens / num_vision_tokens_per_image
+};
 
 struct GemmaConfig {
   int family = 1;  // 1, 2 or 3
@@ -30,16 +44,25 @@ struct GemmaConfig {
   float final_logit_soft_cap = 0;  // 0 = none
   bool use_sliding_window_attention = false;
   int sliding_window_size = 0;
-  float rope_local_base = 10000.f;  // Gemma 1/2 use this base on every layer
-  float rope_global_base = 10000.f;  // Gemma 3 global layers: 1e6
+  // The per-layer attention pattern: layers repeat in periods of this many, the last of each
+  // period global (full attention, the global RoPE base), the others local (the sliding window,
+  // the local base). Gemma 2: 2 (even layers local); Gemma 3: 6 (five local, one global).
+  int sliding_window_pattern = 2;
+  float rope_local_base = 10000.f;   // local (sliding-window) layers
+  float rope_global_base = 10000.f;  // global layers: Gemma 1/2 the same as local, Gemma 3 1e6
   float rope_local_scaling = 1.f;
   float rope_global_scaling = 1.f;
   std::string stored_dtype = "float32";  // the dtype the file declared (informational)
   // The longest sequence (prompt + generation, or a training row) the model was trained for: HF
   // max_position_embeddings, else the family's (8192 for Gemma 1/2, 131072 for Gemma 3).
   int max_sequence_length = kGemma12MaxPositions;
+  // Pieces that end a generation besides the tokenizer's end of sequence (Gemma 3: <end_of_turn>,
+  // as KerasHub's Gemma3CausalLM stops).
+  std::vector<std::string> stop_tokens;
 
-  // Layer i attends within a sliding window (Gemma 2: even layers; Gemma 3: five local, one global).
+  const FamilyNames& names() const;
+
+  // Layer i attends within a sliding window (see sliding_window_pattern).
   bool is_sliding(int layer) const;
   float rope_base(int layer) const;
   float rope_scaling(int layer) const;

@@ -7,49 +7,6 @@
 
 namespace meshtune {
 
-GemmaConfig named_config(const std::string& name, int vocab_size) {
-  GemmaConfig c;
-  c.vocab_size = vocab_size;
-  c.num_layers = 2;
-  c.num_query_heads = 4;
-  c.num_key_value_heads = 1;
-  c.hidden_dim = 64;
-  c.ffw_dim = 128;
-  c.head_dim = 16;
-  c.query_scale_dim = 16;
-  if (name == "tiny") {
-    c.family = 1;
-  } else if (name == "tiny-gemma2") {
-    c.family = 2;
-    c.num_key_value_heads = 2;
-    c.use_post_attention_norm = c.use_post_ffw_norm = true;
-    c.attention_logit_soft_cap = 50;
-    c.final_logit_soft_cap = 30;
-    c.use_sliding_window_attention = true;
-    c.sliding_window_size = 8;
-  } else if (name == "tiny-gemma3") {
-    c.family = 3;
-    c.num_layers = 6;
-    c.num_key_value_heads = 2;
-    c.use_post_attention_norm = c.use_post_ffw_norm = c.use_query_key_norm = true;
-    c.use_sliding_window_attention = true;
-    c.sliding_window_size = 8;
-    c.rope_global_base = 1e6f;
-  } else if (name == "gemma-2b") {  // the benchmarks' shape: Gemma 2B (use vocab_size 256000)
-    c.family = 1;
-    c.num_layers = 18;
-    c.hidden_dim = 2048;
-    c.num_query_heads = 8;
-    c.head_dim = 256;
-    c.ffw_dim = 16384;
-    c.query_scale_dim = 256;
-  } else {
-    fail("unknown config '", name, "' (expected tiny, tiny-gemma2, tiny-gemma3 or gemma-2b)");
-  }
-  c.validate("config " + name);
-  return c;
-}
-
 static WeightMatrix random_matrix(SplitMix64& rng, int64_t rows, int64_t cols, float stddev, DType dtype) {
   WeightMatrix m;
   m.rows = rows;

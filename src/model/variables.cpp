@@ -23,7 +23,7 @@ std::vector<VariableSpec> gemma_variables(const GemmaConfig& c) {
   std::vector<VariableSpec> vars;
   vars.push_back({"token_embedding/embeddings", "layers/reversible_embedding/vars/0", "model.embed_tokens.weight",
                   {V, D}, {V, D}, VarKind::Embedding, Slot::Embeddings, -1});
-  const std::string block_class = c.family == 3 ? "gemma3_decoder_block" : "gemma_decoder_block";
+  const std::string block_class = std::string(c.names().keras_prefix) + "_decoder_block";
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string kp = "decoder_block_" + std::to_string(i) + "/";
     const std::string hp = "layers/" + block_class + (i ? "_" + std::to_string(i) : "") + "/";
@@ -53,7 +53,7 @@ std::vector<VariableSpec> gemma_variables(const GemmaConfig& c) {
         {D, N * H}, VarKind::HeadsOut, Slot::AttentionOutput);
     // The norm-naming trap (spec §4): HF Gemma 1 calls the pre-FFW norm post_attention_layernorm.
     add("pre_ffw_norm/scale", "pre_ffw_norm",
-        c.family == 1 ? "post_attention_layernorm.weight" : "pre_feedforward_layernorm.weight", {D}, {D},
+        std::string(c.names().hf_pre_ffw_norm) + ".weight", {D}, {D},
         VarKind::Norm, Slot::PreFfwNorm);
     if (c.use_post_ffw_norm)
       add("post_ffw_norm/scale", "post_ffw_norm", "post_feedforward_layernorm.weight", {D}, {D}, VarKind::Norm,

@@ -52,9 +52,7 @@ void save_keras_preset(const GemmaModel& model, const std::string& tokenizer_pat
   write_h5_datasets((fs::path(out_dir) / "model.weights.h5").string(), datasets);
 
   const json backbone = c.to_keras_json();
-  const bool g3 = c.family == 3;
-  const std::string prefix = g3 ? "gemma3" : "gemma";
-  const std::string cap = g3 ? "Gemma3" : "Gemma";
+  const std::string prefix = c.names().keras_prefix, cap = c.names().keras_class;
   json tokenizer = {{"module", "keras_hub.src.models." + prefix + "." + prefix + "_tokenizer"},
                     {"class_name", cap + "Tokenizer"},
                     {"config", {{"name", prefix + "_tokenizer"}, {"trainable", true}, {"dtype", dtype_policy("int32")},
@@ -68,7 +66,7 @@ void save_keras_preset(const GemmaModel& model, const std::string& tokenizer_pat
                                    {"config_file", "preprocessor.json"}, {"sequence_length", sequence_length},
                                    {"add_start_token", true}, {"add_end_token", true}}},
                        {"registered_name", "keras_hub>" + cap + "CausalLMPreprocessor"}};
-  if (g3) {
+  if (c.names().keras_vision_fields) {
     // A text-only Gemma 3, as KerasHub's get_config writes it: without has_vision_tokens=false,
     // Gemma3Tokenizer looks for <img> and friends in the vocabulary and fails to load.
     tokenizer["config"]["has_vision_tokens"] = false;
