@@ -1,5 +1,6 @@
-// `linear` against `linear_reference` (double accumulation) for fp32 and bf16 weights, over row
-// counts that take every path (matrix-vector for M ≤ 4, sgemm above) and shapes that are not
+// `linear` against `linear_reference` (double accumulation) for fp32 and bf16 weights, on every
+// CPU path this machine supports (generic, AVX2, AVX-512: each test runs once per path), over row
+// counts that take every code path (matrix-vector for M ≤ 4, sgemm above) and shapes that are not
 // multiples of the SIMD width, the row blocking or the thread split.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/features.h"
 #include "kernels/linear.h"
 
 namespace meshtune {
@@ -70,16 +72,30 @@ void expect_matches_reference(int64_t M, int64_t rows, int64_t cols, DType dtype
     }
 }
 
+// Each test runs once per CPU path; a path this CPU lacks is skipped (and says so).
+class Linear : public ::testing::TestWithParam<CpuPath> {
+ protected:
+  void SetUp() override {
+    if (!cpu_supports(GetParam())) GTEST_SKIP() << "this CPU has no " << cpu_path_name(GetParam()) << " path";
+    saved_ = cpu_path();
+    set_cpu_path(GetParam());
+  }
+  void TearDown() override {
+    if (cpu_supports(GetParam())) set_cpu_path(saved_);
+  }
+  CpuPath saved_ = CpuPath::Generic;
+};
+
 const int64_t kRowCounts[] = {1, 2, 3, 4, 5, 7, 33, 130};
 const int64_t kDims[] = {1, 3, 17, 61, 100, 257};
 
-TEST(Linear, F32OddShapes) {
+TEST_P(Linear, F32OddShapes) {
   for (int64_t M : kRowCounts)
     for (int64_t rows : kDims)
       for (int64_t cols : kDims) expect_matches_reference(M, rows, cols, DType::F32);
 }
 
-TEST(Linear, Bf16OddShapes) {
+TEST_P(Linear, Bf16OddShapes) {
   for (int64_t M : kRowCounts)
     for (int64_t rows : kDims)
       for (int64_t cols : kDims) expect_matches_reference(M, rows, cols, DType::BF16);
@@ -87,7 +103,7 @@ TEST(Linear, Bf16OddShapes) {
 
 // Shapes large enough to cross the bf16 widening blocks and give each thread several row blocks,
 // with dimensions that are not multiples of the SIMD width or the block sizes.
-TEST(Linear, LargerShapesCrossBlocks) {
+TEST_P(Linear, LargerShapesCrossBlocks) {
   for (DType dtype : {DType::F32, DType::BF16})
     for (int64_t M : {1, 3, 4, 5, 130}) {
       expect_matches_reference(M, 1027, 2049, dtype);
@@ -97,7 +113,7 @@ TEST(Linear, LargerShapesCrossBlocks) {
 
 // Any thread count gives the same answer (the split of rows between threads must not drop or
 // double rows), including more threads than rows.
-TEST(Linear, ThreadCounts) {
+TEST_P(Linear, ThreadCounts) {
   const int saved = omp_get_max_threads();
   for (int threads : {1, 2, 3, 8}) {
     SCOPED_TRACE("threads=" + std::to_string(threads));
@@ -110,7 +126,7 @@ TEST(Linear, ThreadCounts) {
 }
 
 // Calling `linear` from inside a parallel region (nested use) still computes every row.
-TEST(Linear, InsideParallelRegion) {
+TEST_P(Linear, InsideParallelRegion) {
   const WeightMatrix w = random_weights(61, 257, DType::BF16, 5);
   const std::vector<float> x = random_input(5, 257, 6);
   std::vector<float> ref(5 * 61);
@@ -121,6 +137,22 @@ TEST(Linear, InsideParallelRegion) {
   for (int64_t r = 0; r < 61; ++r) EXPECT_NEAR(ys[0][size_t(r)], ref[size_t(r)], 1e-4);
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(ys[1][i], ref[i], 1e-4);
 }
+
+TEST_P(Linear, WideningMatchesTheScalarConversion) {
+  std::vector<uint16_t> bits(1003);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = uint16_t(i * 977 + 13);  // every exponent, signs, NaNs
+  std::vector<float> wide(bits.size(), -1.f);
+  widen_bf16(bits.data(), int64_t(bits.size()), wide.data());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const float want = bf16_to_f32(bits[i]);
+    if (std::isnan(want)) EXPECT_TRUE(std::isnan(wide[i])) << i;
+    else EXPECT_EQ(wide[i], want) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuPaths, Linear,
+                         ::testing::Values(CpuPath::Generic, CpuPath::Avx2, CpuPath::Avx512, CpuPath::Avx512Bf16),
+                         [](const auto& info) { return std::string(cpu_path_name(info.param)); });
 
 }  // namespace
 }  // namespace meshtune

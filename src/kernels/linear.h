@@ -1,6 +1,7 @@
-// The linear-layer kernel: y = x · Wᵀ with W stored [out, in] row-major (Hugging Face's Linear
-// layout), in fp32 or bf16. Large batches go to OpenBLAS sgemm; a few rows (decode) take a
-// matrix-vector path that streams W once at memory bandwidth, converting bf16 on the fly.
+// The linear-layer kernel and its backward: y = x · Wᵀ with W stored [out, in] row-major (Hugging
+// Face's Linear layout), in fp32 or bf16. Large batches go to OpenBLAS sgemm; a few rows (decode)
+// take a matrix-vector path that streams W once at memory bandwidth, converting bf16 on the fly,
+// chosen at run time for the CPU (kernels/cpu/gemv.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -38,5 +39,16 @@ void linear(const float* x, int64_t M, const WeightMatrix& W, float* y);
 
 // The plain triple loop (double accumulation): the reference the tests compare `linear` against.
 void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y);
+
+// Backward of linear (y = x·Wᵀ, W [out, in]): dx = dy·W and dW = dyᵀ·x, through OpenBLAS.
+// dx[M, cols] (+)= dy[M, rows] · W. `accumulate` adds into dx instead of overwriting.
+void linear_backward_input(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate = false);
+
+// dW[rows, cols] += dy[M, rows]ᵀ · x[M, cols].
+void linear_backward_weight(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols, float* dW);
+
+
+// bf16 → fp32 for n values, on the CPU path in use.
+void widen_bf16(const uint16_t* src, int64_t n, float* dst);
 
 }  // namespace meshtune

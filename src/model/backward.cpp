@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "kernels/activation.h"
-#include "kernels/linear_backward.h"
+#include "kernels/linear.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 

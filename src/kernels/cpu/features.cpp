@@ -1,0 +1,116 @@
+#include "kernels/cpu/features.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace meshtune {
+
+static std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "";
+}
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = [] {
+    CpuFeatures c;
+    c.model = cpu_model_name();
+    __builtin_cpu_init();
+    c.avx2 = __builtin_cpu_supports("avx2");
+    c.fma = __builtin_cpu_supports("fma");
+    c.f16c = __builtin_cpu_supports("f16c");
+    c.avx512f = __builtin_cpu_supports("avx512f");
+    c.avx512bw = __builtin_cpu_supports("avx512bw");
+    c.avx512vl = __builtin_cpu_supports("avx512vl");
+    c.avx512dq = __builtin_cpu_supports("avx512dq");
+    c.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+    c.avx512_vnni = __builtin_cpu_supports("avx512vnni");
+    c.avx_vnni = __builtin_cpu_supports("avxvnni");
+    c.amx_bf16 = __builtin_cpu_supports("amx-bf16");
+    return c;
+  }();
+  return f;
+}
+
+std::string CpuFeatures::summary() const {
+  std::string s;
+  auto add = [&](bool on, const char* name) {
+    if (on) s += (s.empty() ? "" : " ") + std::string(name);
+  };
+  add(avx2, "avx2");
+  add(fma, "fma");
+  add(f16c, "f16c");
+  add(avx512f, "avx512f");
+  add(avx512bw, "avx512bw");
+  add(avx512vl, "avx512vl");
+  add(avx512dq, "avx512dq");
+  add(avx512_bf16, "avx512_bf16");
+  add(avx512_vnni, "avx512_vnni");
+  add(avx_vnni, "avx_vnni");
+  add(amx_bf16, "amx_bf16");
+  return s.empty() ? "none of avx2/avx512" : s;
+}
+
+bool cpu_supports(CpuPath path) {
+  const CpuFeatures& f = cpu_features();
+  const bool avx2 = f.avx2 && f.fma && f.f16c, avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  switch (path) {
+    case CpuPath::Generic: return true;
+    case CpuPath::Avx2: return avx2;
+    case CpuPath::Avx512: return avx512;
+    case CpuPath::Avx512Bf16: return avx512 && f.avx512_bf16;
+  }
+  return false;
+}
+
+std::vector<CpuPath> supported_cpu_paths() {
+  std::vector<CpuPath> paths;
+  for (CpuPath p : {CpuPath::Generic, CpuPath::Avx2, CpuPath::Avx512, CpuPath::Avx512Bf16})
+    if (cpu_supports(p)) paths.push_back(p);
+  return paths;
+}
+
+const char* cpu_path_name(CpuPath path) {
+  switch (path) {
+    case CpuPath::Generic: return "generic";
+    case CpuPath::Avx2: return "avx2";
+    case CpuPath::Avx512: return "avx512";
+    case CpuPath::Avx512Bf16: return "avx512bf16";
+  }
+  return "?";
+}
+
+static CpuPath path_from_environment() {
+  const char* forced = std::getenv("MESHTUNE_CPU");
+  if (!forced || !*forced) return supported_cpu_paths().back();
+  for (CpuPath p : {CpuPath::Generic, CpuPath::Avx2, CpuPath::Avx512, CpuPath::Avx512Bf16}) {
+    if (std::string(forced) != cpu_path_name(p)) continue;
+    check(cpu_supports(p), "MESHTUNE_CPU=", forced, ": this CPU does not support that path (it has: ",
+          cpu_features().summary(), ")");
+    return p;
+  }
+  fail("MESHTUNE_CPU=", brief(forced), ": expected generic, avx2, avx512 or avx512bf16");
+}
+
+static std::atomic<int> g_path{-1};
+
+CpuPath cpu_path() {
+  int p = g_path.load(std::memory_order_relaxed);
+  if (p < 0) {
+    p = int(path_from_environment());
+    g_path.store(p);
+  }
+  return CpuPath(p);
+}
+
+void set_cpu_path(CpuPath path) {
+  check(cpu_supports(path), "kernel path ", cpu_path_name(path), " is not supported by this CPU (it has: ",
+        cpu_features().summary(), ")");
+  g_path.store(int(path));
+}
+
+}  // namespace meshtune
