@@ -30,6 +30,7 @@
 #include "machine_limits.h"
 #include "run_stats.h"
 #include "model/gemma.h"
+#include "kernels/cpu/features.h"
 #include "model/init.h"
 #include "store/load.h"
 #include "store/save.h"
@@ -137,6 +138,7 @@ size_t layer_matrix_params(const GemmaModel& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshtune::choose_blas_kernels(argv);  // OpenBLAS's fast kernels even where a VM hides the CPU model
   const Options o = parse_args(argc, argv);
   try {
     const std::string path = ensure_checkpoint(o);
@@ -225,6 +227,9 @@ int main(int argc, char** argv) {
     j["dtype"] = o.dtype;
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
+    j["cpu_features"] = meshtune::cpu_features().summary();
+    j["kernel_path"] = meshtune::cpu_path_name(meshtune::cpu_path());
+    j["blas_core"] = openblas_get_corename();
     j["prompt_tokens"] = T;
     j["decode_tokens"] = o.decode;
     j["repeat"] = o.repeat;

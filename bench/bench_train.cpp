@@ -33,6 +33,7 @@
 #include "io/safetensors.h"
 #include "model/backward.h"
 #include "model/gemma.h"
+#include "kernels/cpu/features.h"
 #include "model/init.h"
 #include "model/lora.h"
 #include "run_stats.h"
@@ -156,6 +157,7 @@ nlohmann::ordered_json breakdown(const GemmaModel& base, const LoraWeights& lora
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshtune::choose_blas_kernels(argv);  // OpenBLAS's fast kernels even where a VM hides the CPU model
   const Options o = parse_args(argc, argv);
   try {
     // Same thread count for our OpenMP loops and OpenBLAS (one libgomp pool).
@@ -265,6 +267,9 @@ int main(int argc, char** argv) {
     j["shape"] = o.shape;
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
+    j["cpu_features"] = meshtune::cpu_features().summary();
+    j["kernel_path"] = meshtune::cpu_path_name(meshtune::cpu_path());
+    j["blas_core"] = openblas_get_corename();
     j["batch"] = B;
     j["seq_len"] = T;
     j["lora_rank"] = o.rank;

@@ -295,3 +295,24 @@ TEST(Cli, Gemma3PresetIsTextOnlyForKeras) {
   // and still loads here
   EXPECT_EQ(run_meshtune("generate " + quote(dir) + " --prompt hi --max-length 8").exit_code, 0);
 }
+
+// `info --system` says which kernel paths run; MESHTUNE_CPU forces one (and a bad value is one
+// clear error); a forced generic path gives the same greedy generation as the default path.
+TEST(Cli, InfoSystemReportsKernelPathsAndMeshtuneCpuForcesOne) {
+  const CommandResult info = run_meshtune("info --system");
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  for (const char* line : {"cpu features:", "kernel path:", "decode matrix-vector", "BLAS: OpenBLAS"})
+    EXPECT_NE(info.out.find(line), std::string::npos) << line << " in\n" << info.out;
+  const CommandResult forced = run_meshtune("info --system", "MESHTUNE_CPU=generic");
+  ASSERT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_NE(forced.out.find("kernel path: generic (forced by MESHTUNE_CPU)"), std::string::npos) << forced.out;
+  const CommandResult bad = run_meshtune("info --system", "MESHTUNE_CPU=sse9");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("MESHTUNE_CPU=sse9: expected generic, avx2, avx512 or avx512bf16"), std::string::npos) << bad.err;
+  const std::string model = fixture("keras/preset-gemma-tiny");
+  const std::string args = "generate " + model + " --prompt 'The movie' --max-length 16";
+  const CommandResult best = run_meshtune(args), generic = run_meshtune(args, "MESHTUNE_CPU=generic");
+  ASSERT_EQ(best.exit_code, 0) << best.err;
+  ASSERT_EQ(generic.exit_code, 0) << generic.err;
+  EXPECT_EQ(best.out, generic.out);
+}

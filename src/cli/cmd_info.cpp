@@ -13,6 +13,7 @@
 #include "model/tensor_parallel.h"
 #include "core/error.h"
 #include "distribution/layout.h"
+#include "kernels/cpu/features.h"
 #include "model/lora.h"
 #include "model/variables.h"
 
@@ -58,13 +59,22 @@ Runner add_info_command(CLI::App& app) {
     int lora_rank = 0;
     std::string lora_targets = "query,value";
     MeshOptions mesh;  // --mesh "1x8" ("" = no sharding table), --mesh-axes, --layout, --layout-rule
+    bool system = false;
   };
   auto o = std::make_shared<Options>();
-  o->model.add_to(*cmd, /*with_lora=*/false);
+  o->model.add_to(*cmd, /*with_lora=*/false, /*required=*/false);
+  cmd->add_flag("--system", o->system,
+                "Show the CPU, its features, the kernel paths in use and the BLAS library (MODEL optional)");
   cmd->add_option("--lora-rank", o->lora_rank, "Show the summary after enable_lora(rank) (trainable vs non-trainable)");
   cmd->add_option("--lora-targets", o->lora_targets, "LoRA targets for --lora-rank (default query,value)");
   o->mesh.add_to(*cmd);  // a dry run here: no processes are started
   return [o] {
+    if (o->system) {
+      for (const std::string& line : kernel_report()) std::cout << line << "\n";
+      if (o->model.model.empty()) return 0;
+      std::cout << "\n";
+    }
+    check(!o->model.model.empty(), "info: MODEL is required (a model directory or preset name), or --system");
     // The mesh flags first: a bad flag fails before the model is read.
     std::vector<int> mesh_shape;
     std::vector<std::string> axis_names;

@@ -13,7 +13,7 @@ struct ModelOptions {
   std::string models_dir;  // extra search root for preset names
   bool fp32_weights = false;  // widen bf16-stored weights to fp32 at load
   std::string lora;        // adapter to merge (.lora.h5 or PEFT directory), "" = none
-  void add_to(CLI::App& app, bool with_lora = true);
+  void add_to(CLI::App& app, bool with_lora = true, bool required = true);
 };
 
 using Runner = std::function<int()>;

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "distribution/communicator.h"
+#include "kernels/cpu/features.h"
 
 // Reports an error and ends the run. Under mpirun the whole job is aborted, so that no other rank
 // is left waiting in a collective for this one.
@@ -24,6 +25,7 @@
 }
 
 int main(int argc, char** argv) {
+  meshtune::choose_blas_kernels(argv);
   CLI::App app{"meshtune: fine-tune and run Gemma 1/2/3 models (Keras presets and Hugging Face checkpoints)"};
   app.require_subcommand(1);
   int threads = 0;
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
   }
   if (threads > 0) omp_set_num_threads(threads);
   try {
+    meshtune::cpu_path();  // a bad MESHTUNE_CPU is one clear error before any work
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run();
   } catch (const std::bad_alloc&) {

@@ -2,9 +2,9 @@
 
 namespace meshtune::cli {
 
-void ModelOptions::add_to(CLI::App& app, bool with_lora) {
+void ModelOptions::add_to(CLI::App& app, bool with_lora, bool required) {
   app.add_option("model", model, "Model directory (Keras preset or Hugging Face checkpoint) or a preset name")
-      ->required();
+      ->required(required);
   app.add_option("--models-dir", models_dir, "Where to look for preset names (also: MESHTUNE_MODELS=DIR1:DIR2)");
   if (with_lora)
     app.add_option("--lora", lora, "Merge this LoRA adapter (Keras .lora.h5 or a PEFT directory) into the model");

@@ -1,6 +1,12 @@
 #include "kernels/cpu/features.h"
 
+#include <cblas.h>
+#include <omp.h>
+
+#include <unistd.h>
+
 #include <atomic>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 
@@ -111,6 +117,46 @@ void set_cpu_path(CpuPath path) {
   check(cpu_supports(path), "kernel path ", cpu_path_name(path), " is not supported by this CPU (it has: ",
         cpu_features().summary(), ")");
   g_path.store(int(path));
+}
+
+void choose_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's (or our earlier) choice
+  const std::string core = openblas_get_corename();
+  // OpenBLAS' names for cores without AVX2, which it falls back to for CPUs it does not recognise.
+  const char* old_cores[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge",
+                             "Katmai", "Coppermine", "Northwood", "Banias", "Unknown"};
+  bool fallback = false;
+  for (const char* name : old_cores) fallback = fallback || core == name;
+  const char* better = cpu_supports(CpuPath::Avx512) ? "SkylakeX" : cpu_supports(CpuPath::Avx2) ? "Haswell" : nullptr;
+  if (!fallback || !better) return;
+  setenv("OPENBLAS_CORETYPE", better, 1);
+  execv("/proc/self/exe", argv);  // only returns on failure: then carry on with the slow kernels
+}
+
+std::vector<std::string> kernel_report() {
+  const CpuFeatures& f = cpu_features();
+  const CpuPath path = cpu_path();
+  const bool forced = std::getenv("MESHTUNE_CPU") && *std::getenv("MESHTUNE_CPU");
+  std::string supported;
+  for (CpuPath p : supported_cpu_paths()) supported += (supported.empty() ? "" : ", ") + std::string(cpu_path_name(p));
+  const std::string vector_path = path == CpuPath::Generic ? "generic (scalar, compiler-vectorised)"
+                                  : path == CpuPath::Avx2  ? "avx2 (256-bit FMA)"
+                                                           : "avx512 (512-bit FMA)";
+  const int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
+  return {
+      "cpu: " + (f.model.empty() ? std::string("unknown model") : f.model),
+      "cpu features: " + f.summary(),
+      std::string("kernel path: ") + cpu_path_name(path) + (forced ? " (forced by MESHTUNE_CPU)" : " (the best this CPU supports)") +
+          "; supported: " + supported,
+      "decode matrix-vector (fp32 and bf16 weights): " + vector_path,
+      "bf16 widening for the sgemm path: " + vector_path,
+      "bf16 arithmetic: none yet — bf16 is a storage format, products are fp32",
+      "elementwise kernels (norms, RoPE, attention, GeGLU, loss): compiled for the build's baseline",
+      std::string("BLAS: OpenBLAS ") + openblas_get_config() + ", core " + openblas_get_corename() + ", threading " +
+          (parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential") + ", " +
+          std::to_string(openblas_get_num_threads()) + " threads",
+      "OpenMP threads: " + std::to_string(omp_get_max_threads()),
+  };
 }
 
 }  // namespace meshtune

@@ -27,4 +27,16 @@ CpuPath cpu_path();
 void set_cpu_path(CpuPath path);  // throws Error if the CPU does not support it
 const char* cpu_path_name(CpuPath path);  // "generic", "avx2", "avx512", "avx512bf16"
 
+// OpenBLAS (DYNAMIC_ARCH) picks its kernels from the CPU's family/model numbers when it loads;
+// virtual machines often mask them, and it then falls back to SSE3 ("Prescott") kernels, 4× slower
+// than its AVX-512 ones on the same CPU (64 vs 282 GFLOP/s measured here). When that happened and
+// OPENBLAS_CORETYPE is unset, this re-executes the program (argv as given) with
+// OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2) — it must be set before the library
+// loads. Call it first thing in main(), before MPI starts. Returns if nothing needs doing.
+void choose_blas_kernels(char** argv);
+
+// Lines for `meshtune info --system` and benchmarks: the CPU and its features, the path each
+// kernel takes, and the BLAS library with its threading.
+std::vector<std::string> kernel_report();
+
 }  // namespace meshtune
