@@ -5,9 +5,11 @@
 
 #include "core/error.h"
 #include "kernels/activation.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/linear.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "kernels/tensor_ops.h"
 
 namespace meshtune {
 
@@ -54,7 +56,7 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
                    d_normed.data(), /*accumulate=*/true, g.ffw_gating_2);
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(d_normed.data(), size_t(M * D));  // Σ over width
   rmsnorm_backward(a.mid.data(), w.pre_ffw_norm.data(), M, D, eps, d_normed.data(), d_normed.data(), g.pre_ffw_norm);
-  for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂mid
+  add_into(dx.data(), d_normed.data(), M * D);  // now ∂L/∂mid
 
   // --- attention branch: mid = input + post_attention_norm(attention_output(attention(q, k, v))) ---
   d_branch.assign(dx.begin(), dx.end());
@@ -68,9 +70,8 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
   attention_backward(a.q.data(), a.k.data(), a.v.data(), key_valid, attention_shape(c, layer, B, T, 0, T),
                      d_attended.data(), dq.data(), dk.data(), dv.data());
   const float scale = c.query_scale();
-  for (float& value : dq) value *= scale;
-  std::vector<int64_t> positions(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) positions[m] = m % T;
+  scale_in_place(dq.data(), M * N * H, scale);
+  const std::vector<int64_t> positions = token_positions(B, T, 0);
   rope_backward(dq.data(), M, N, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
   rope_backward(dk.data(), M, K, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
   if (c.use_query_key_norm) {
@@ -85,7 +86,7 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(d_normed.data(), size_t(M * D));  // Σ over heads
   rmsnorm_backward(a.input.data(), w.pre_attention_norm.data(), M, D, eps, d_normed.data(), d_normed.data(),
                    g.pre_attention_norm);
-  for (int64_t i = 0; i < M * D; ++i) dx[i] += d_normed[i];  // now ∂L/∂input
+  add_into(dx.data(), d_normed.data(), M * D);  // now ∂L/∂input
 }
 
 float*& ModelGradients::of(Slot slot, int layer) {
@@ -119,9 +120,8 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   const int64_t B = batch.batch, T = batch.length, M = B * T, D = c.hidden_dim, V = c.vocab_size;
   check(B > 0 && T > 0, "empty training batch");
   check(!grads || int64_t(grads->layers.size()) == c.num_layers, "gradient table has the wrong number of layers");
-  for (int64_t m = 0; m < M; ++m)
-    check(batch.targets[m] >= 0 && batch.targets[m] < V, "target id ", batch.targets[m], " at [", m / T, ", ", m % T,
-          "] is outside the vocabulary (size ", V, ")");
+  if (const int64_t m = first_id_outside(batch.targets, M, V); m >= 0)
+    fail("target id ", batch.targets[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ", V, ")");
 
   KVCache cache(c, B, T);
   std::copy(batch.padding_mask, batch.padding_mask + M, cache.key_valid.begin());
@@ -131,10 +131,8 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
 
   // Loss over the rows that carry weight, a chunk at a time (the logits of a chunk only). With the
   // vocabulary split over processes each holds its columns of the logits, and the softmax's max,
-  // sum and target logit are combined over the processes.
-  std::vector<int64_t> rows;
-  for (int64_t m = 0; m < M; ++m)
-    if (batch.sample_weight[m] != 0.f) rows.push_back(m);
+  // sum and target logit are combined over the processes (kernels/cross_entropy.h).
+  const std::vector<int64_t> rows = nonzero_positions(batch.sample_weight, M);
   const int64_t part = model.embeddings.rows, v0 = model.vocab_offset;  // this process' vocabulary rows
   Communicator* vocab_group = model.vocab_parallel() ? model.tensor_parallel : nullptr;
   // Rows per chunk: up to 256, with at most 64 Mi logits (256 MiB) at a time.
@@ -143,77 +141,35 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   std::vector<float> h_chunk(static_cast<size_t>(chunk * D)), d_h_chunk(static_cast<size_t>(chunk * D));
   std::vector<float>& logits = ws.logits;  // overwritten chunk by chunk
   logits.resize(static_cast<size_t>(chunk * part));
-  const float cap = c.final_logit_soft_cap;
-  LossSums sums;
+  SoftmaxRows stats;
+  double sums[3] = {0, 0, 0};  // Σ w·CE, Σ w·correct, Σ w
   for (size_t r0 = 0; r0 < rows.size(); r0 += size_t(chunk)) {
     const int64_t n = std::min<int64_t>(chunk, int64_t(rows.size() - r0));
-    for (int64_t i = 0; i < n; ++i)
-      std::copy_n(hidden.begin() + rows[r0 + i] * D, D, h_chunk.begin() + i * D);
+    const int64_t* chunk_rows = rows.data() + r0;
+    gather_rows(hidden.data(), chunk_rows, n, D, h_chunk.data());
     lm_head_local(model, h_chunk.data(), n, logits.data());
-    // Each row's largest logit and its index (ties: the first index, as Keras' argmax).
-    std::vector<float> row_max(static_cast<size_t>(n)), row_best(static_cast<size_t>(n));
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* z = logits.data() + i * part;
-      const int64_t best = std::max_element(z, z + part) - z;
-      row_max[size_t(i)] = z[best];
-      row_best[size_t(i)] = float(v0 + best);  // exact: vocabularies are below 2^24
-    }
+    softmax_row_max(logits.data(), n, part, v0, stats);
     if (vocab_group) {  // the first process (= lowest index) holding the overall maximum wins
-      const int p = vocab_group->size();
-      std::vector<float> mine(row_max), all(static_cast<size_t>(2 * n * p));
-      mine.insert(mine.end(), row_best.begin(), row_best.end());
+      std::vector<float> mine(stats.max), all(static_cast<size_t>(2 * n * vocab_group->size()));
+      mine.insert(mine.end(), stats.argmax.begin(), stats.argmax.end());
       vocab_group->all_gather(mine.data(), mine.size(), all.data());
-      for (int64_t i = 0; i < n; ++i)
-        for (int r = 0; r < p; ++r) {
-          const float value = all[size_t((2 * r) * n + i)], index = all[size_t((2 * r + 1) * n + i)];
-          if (r == 0 || value > row_max[size_t(i)]) row_max[size_t(i)] = value, row_best[size_t(i)] = index;
-        }
+      softmax_combine_max(all.data(), vocab_group->size(), n, stats);
     }
-    // Σ exp(z − max) over this process' columns, and the target's logit if it is one of them.
-    std::vector<double> row_sums(static_cast<size_t>(2 * n), 0.0);  // [sum_exp…, z_y…]
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* z = logits.data() + i * part;
-      const int64_t y = batch.targets[rows[r0 + size_t(i)]] - v0;
-      double sum_exp = 0;
-      for (int64_t v = 0; v < part; ++v) sum_exp += std::exp(double(z[v] - row_max[size_t(i)]));
-      row_sums[size_t(i)] = sum_exp;
-      row_sums[size_t(n + i)] = y >= 0 && y < part ? double(z[y]) : 0.0;
-    }
-    if (vocab_group) vocab_group->all_reduce_sum(row_sums.data(), row_sums.size());
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t m = rows[r0 + size_t(i)];
-      const double w = batch.sample_weight[m];
-      const double log_sum = std::log(row_sums[size_t(i)]);
-      sums.weighted_ce += w * (log_sum + double(row_max[size_t(i)]) - double(float(row_sums[size_t(n + i)])));
-      sums.weighted_correct += w * (int64_t(row_best[size_t(i)]) == batch.targets[m] ? 1.0 : 0.0);
-      sums.weight += batch.sample_weight[m];
-    }
+    softmax_row_sums(logits.data(), n, part, v0, batch.targets, chunk_rows, stats);
+    if (vocab_group) vocab_group->all_reduce_sum(stats.sum_exp_and_target.data(), stats.sum_exp_and_target.size());
+    softmax_cross_entropy_sums(stats, batch.targets, batch.sample_weight, chunk_rows, n, sums);
     if (!grads) continue;
-    // ∂(scale·w·CE)/∂z = scale·w·(softmax − onehot), through the final soft-cap if any; the chunk's
-    // logits buffer then holds ∂L/∂raw_logits. Rows are independent: they run in parallel.
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t m = rows[r0 + size_t(i)];
-      float* z = logits.data() + i * part;
-      const int64_t y = batch.targets[m] - v0;
-      const float factor = float(loss_scale * batch.sample_weight[m]), inv_sum = float(1.0 / row_sums[size_t(i)]);
-      const float max_z = row_max[size_t(i)];
-      for (int64_t v = 0; v < part; ++v) {
-        float dz = std::exp(z[v] - max_z) * inv_sum * factor;
-        if (v == y) dz -= factor;
-        if (cap > 0) dz *= 1.f - (z[v] / cap) * (z[v] / cap);
-        z[v] = dz;
-      }
-    }
+    // The chunk's logits buffer becomes ∂L/∂raw_logits, then flows into the hidden states and the
+    // tied embedding.
+    softmax_cross_entropy_backward(logits.data(), n, part, v0, batch.targets, batch.sample_weight, chunk_rows,
+                                   loss_scale, stats, c.final_logit_soft_cap);
     linear_backward_input(logits.data(), n, model.embeddings, d_h_chunk.data());
     if (vocab_group) vocab_group->all_reduce_sum(d_h_chunk.data(), size_t(n * D));  // Σ over vocabulary parts
     if (grads->embeddings) linear_backward_weight(logits.data(), h_chunk.data(), n, part, D, grads->embeddings);
-    for (int64_t i = 0; i < n; ++i)
-      std::copy_n(d_h_chunk.begin() + i * D, D, d_hidden.begin() + rows[r0 + i] * D);
+    scatter_rows(d_h_chunk.data(), chunk_rows, n, D, d_hidden.data());
   }
-  if (!grads) return sums;
+  const LossSums totals{sums[0], sums[1], sums[2]};
+  if (!grads) return totals;
 
   // Final norm, then the blocks in reverse, then the scaled embedding lookup.
   std::vector<float>& dx = d_hidden;
@@ -223,16 +179,10 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   for (int layer = c.num_layers - 1; layer >= 0; --layer)
     decoder_block_backward(model, model.layer_weights(layer), layer, saved[size_t(layer)], B, T, batch.padding_mask,
                            grads->layers[size_t(layer)], dx, ws);
-  if (grads->embeddings) {
-    const float embedding_scale = float(std::sqrt(double(D)));
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t row_index = int64_t(batch.token_ids[m]) - model.vocab_offset;
-      if (row_index < 0 || row_index >= model.embeddings.rows) continue;  // another process' row
-      float* row = grads->embeddings + row_index * D;
-      for (int64_t i = 0; i < D; ++i) row[i] += dx[m * D + i] * embedding_scale;
-    }
-  }
-  return sums;
+  if (grads->embeddings)  // x = Emb[ids]·√D
+    embedding_lookup_backward(dx.data(), batch.token_ids, M, D, model.vocab_offset, model.embeddings.rows,
+                              float(std::sqrt(double(D))), grads->embeddings);
+  return totals;
 }
 
 }  // namespace meshtune

@@ -7,6 +7,7 @@
 #include "kernels/attention.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "kernels/tensor_ops.h"
 
 namespace meshtune {
 
@@ -93,13 +94,6 @@ KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s) : batch(b), capacit
   key_valid.assign(size_t(b) * size_t(s), 1);
 }
 
-// Positions of the M = B·T tokens: row-major [B, T] at start … start+T−1.
-static std::vector<int64_t> token_positions(int64_t B, int64_t T, int64_t start) {
-  std::vector<int64_t> positions(static_cast<size_t>(B * T));
-  for (int64_t m = 0; m < B * T; ++m) positions[m] = start + m % T;
-  return positions;
-}
-
 AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64_t T, int64_t start, int64_t S) {
   AttentionShape shape;
   shape.batch = B;
@@ -145,17 +139,13 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   rope(a.q.data(), M, N, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
   rope(a.k.data(), M, K, H, positions.data(), c.rope_base(layer), c.rope_scaling(layer));
   const float scale = c.query_scale();
-  for (float& value : a.q) value *= scale;
+  scale_in_place(a.q.data(), M * N * H, scale);
 
-  // Write this step's keys/values into the cache at [b, start + t].
+  // This step's keys/values go into the cache at [b, start + t].
   float* cache_k = cache.keys[layer].data();
   float* cache_v = cache.values[layer].data();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      const size_t src = size_t((b * T + t) * K * H), dst = size_t((b * S + start + t) * K * H);
-      std::copy(a.k.begin() + src, a.k.begin() + src + K * H, cache_k + dst);
-      std::copy(a.v.begin() + src, a.v.begin() + src + K * H, cache_v + dst);
-    }
+  write_cache_rows(a.k.data(), B, T, K * H, S, start, cache_k);
+  write_cache_rows(a.v.data(), B, T, K * H, S, start, cache_v);
 
   buffer(a.attended, M * N * H);
   buffer(a.attn_projected, M * D);
@@ -165,7 +155,7 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.attn_projected.data(), size_t(M * D));  // Σ over heads
   std::vector<float> residual = a.attn_projected;
   if (c.use_post_attention_norm) rmsnorm(residual.data(), w.post_attention_norm.data(), M, D, eps, residual.data());
-  for (int64_t i = 0; i < M * D; ++i) x[i] += residual[i];
+  add_into(x, residual.data(), M * D);
   a.mid.assign(x, x + M * D);
 
   // --- feed-forward (GeGLU) ---
@@ -182,7 +172,7 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.ffw_projected.data(), size_t(M * D));  // Σ over width
   residual = a.ffw_projected;
   if (c.use_post_ffw_norm) rmsnorm(residual.data(), w.post_ffw_norm.data(), M, D, eps, residual.data());
-  for (int64_t i = 0; i < M * D; ++i) x[i] += residual[i];
+  add_into(x, residual.data(), M * D);
 }
 
 std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
@@ -192,19 +182,15 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
   const int64_t D = c.hidden_dim, M = B * T;
   check(B <= cache.batch && start + T <= cache.capacity, "KV cache too small: ", B, " rows × ", start + T,
         " positions needed, ", cache.batch, " × ", cache.capacity, " allocated");
-  std::vector<float> x(size_t(M * D), 0.f);
-  const int64_t v0 = model.vocab_offset, v1 = v0 + model.embeddings.rows;
-  for (int64_t m = 0; m < M; ++m) {
-    const int32_t id = tokens[m];
-    check(id >= 0 && id < c.vocab_size, "token id ", id, " at [", m / T, ", ", m % T,
-          "] is outside the vocabulary (size ", c.vocab_size, ")");
-    if (id >= v0 && id < v1) model.embeddings.row_to_f32(id - v0, x.data() + m * D);
-  }
+  if (const int64_t m = first_id_outside(tokens, M, c.vocab_size); m >= 0)
+    fail("token id ", tokens[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ", c.vocab_size, ")");
+  std::vector<float> x(size_t(M * D));
+  embedding_lookup(model.embeddings, model.vocab_offset, tokens, M, x.data());
   // Vocabulary split: each row came from one process, the others hold zeros there.
   if (model.vocab_parallel()) model.tensor_parallel->all_reduce_sum(x.data(), x.size());
   if (trace) trace->embedding_lookup = x;
   const float embedding_scale = float(std::sqrt(double(D)));  // rounded to the compute dtype first
-  for (float& value : x) value *= embedding_scale;
+  scale_in_place(x.data(), M * D, embedding_scale);
   if (trace) trace->embedding_scaled = x;
 
   if (saved) saved->resize(static_cast<size_t>(c.num_layers));  // reuses the buffers of a previous step
@@ -227,14 +213,12 @@ void lm_head_local(const GemmaModel& model, const float* hidden, int64_t M, floa
 void lm_head(const GemmaModel& model, const float* hidden, int64_t M, float* logits) {
   if (!model.vocab_parallel()) return lm_head_local(model, hidden, M, logits);
   // Each process' columns, gathered (in process = vocabulary order) and laid out row by row.
-  const int64_t V = model.config.vocab_size, part = model.embeddings.rows;
+  const int64_t part = model.embeddings.rows;
   Communicator& comm = *model.tensor_parallel;
   std::vector<float> mine(static_cast<size_t>(M * part)), all(static_cast<size_t>(M * part) * size_t(comm.size()));
   lm_head_local(model, hidden, M, mine.data());
   comm.all_gather(mine.data(), mine.size(), all.data());
-  for (int r = 0; r < comm.size(); ++r)
-    for (int64_t m = 0; m < M; ++m)
-      std::copy_n(all.begin() + (int64_t(r) * M + m) * part, part, logits + m * V + r * part);
+  interleave_column_blocks(all.data(), comm.size(), M, part, logits);
 }
 
 }  // namespace meshtune

@@ -1,0 +1,72 @@
+#include "kernels/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace meshtune {
+
+void softmax_row_max(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& rows) {
+  rows.max.resize(size_t(n));
+  rows.argmax.resize(size_t(n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* zi = z + i * cols;
+    const int64_t best = std::max_element(zi, zi + cols) - zi;
+    rows.max[size_t(i)] = zi[best];
+    rows.argmax[size_t(i)] = float(v0 + best);
+  }
+}
+
+void softmax_combine_max(const float* gathered, int parts, int64_t n, SoftmaxRows& rows) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int r = 0; r < parts; ++r) {
+      const float value = gathered[(2 * r) * n + i], index = gathered[(2 * r + 1) * n + i];
+      if (r == 0 || value > rows.max[size_t(i)]) rows.max[size_t(i)] = value, rows.argmax[size_t(i)] = index;
+    }
+}
+
+void softmax_row_sums(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                      const int64_t* rows, SoftmaxRows& stats) {
+  stats.sum_exp_and_target.assign(size_t(2 * n), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* zi = z + i * cols;
+    const int64_t y = targets[rows[i]] - v0;
+    double sum_exp = 0;
+    for (int64_t v = 0; v < cols; ++v) sum_exp += std::exp(double(zi[v] - stats.max[size_t(i)]));
+    stats.sum_exp_and_target[size_t(i)] = sum_exp;
+    stats.sum_exp_and_target[size_t(n + i)] = y >= 0 && y < cols ? double(zi[y]) : 0.0;
+  }
+}
+
+void softmax_cross_entropy_sums(const SoftmaxRows& stats, const int32_t* targets, const float* weights,
+                                const int64_t* rows, int64_t n, double sums[3]) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double w = weights[rows[i]];
+    const double ce = std::log(stats.sum_exp_and_target[size_t(i)]) + double(stats.max[size_t(i)]) -
+                      double(float(stats.sum_exp_and_target[size_t(n + i)]));
+    sums[0] += w * ce;
+    sums[1] += w * (int64_t(stats.argmax[size_t(i)]) == targets[rows[i]] ? 1.0 : 0.0);
+    sums[2] += w;
+  }
+}
+
+void softmax_cross_entropy_backward(float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                                    const float* weights, const int64_t* rows, double loss_scale,
+                                    const SoftmaxRows& stats, float cap) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float* zi = z + i * cols;
+    const int64_t y = targets[rows[i]] - v0;
+    const float factor = float(loss_scale * weights[rows[i]]);
+    const float inv_sum = float(1.0 / stats.sum_exp_and_target[size_t(i)]), max_z = stats.max[size_t(i)];
+    for (int64_t v = 0; v < cols; ++v) {
+      float dz = std::exp(zi[v] - max_z) * inv_sum * factor;
+      if (v == y) dz -= factor;
+      if (cap > 0) dz *= 1.f - (zi[v] / cap) * (zi[v] / cap);
+      zi[v] = dz;
+    }
+  }
+}
+
+}  // namespace meshtune
