@@ -49,19 +49,6 @@ std::vector<float>* DecoderLayerWeights::vector(Slot slot) {
   }
 }
 
-LowRankTerm* LayerLowRank::of(Slot slot) {
-  switch (slot) {
-    case Slot::Query: return &query;
-    case Slot::Key: return &key;
-    case Slot::Value: return &value;
-    case Slot::AttentionOutput: return &attention_output;
-    case Slot::FfwGating: return &ffw_gating;
-    case Slot::FfwGating2: return &ffw_gating_2;
-    case Slot::FfwLinear: return &ffw_linear;
-    default: return nullptr;
-  }
-}
-
 const LowRankTerm& GemmaModel::low_rank_term(int layer, Slot slot) const {
   static const LowRankTerm none;
   if (low_rank.empty()) return none;

@@ -5,6 +5,7 @@
 // Keys and values go through a KVCache, so one function serves full-sequence scoring (`logits`),
 // prefill and single-token decode.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -34,8 +35,9 @@ struct DecoderLayerWeights {
 
 // LoRA's low-rank terms of one block (training): y = x·Wᵀ + scale·(x·A)·B for each adapted matrix.
 struct LayerLowRank {
-  LowRankTerm query, key, value, attention_output, ffw_gating, ffw_gating_2, ffw_linear;
-  LowRankTerm* of(Slot slot);  // nullptr for slots that are not matrices
+  // One per matrix slot, Slot::Query … Slot::FfwLinear (the last seven of the enum, in order).
+  std::array<LowRankTerm, 7> terms;
+  LowRankTerm* of(Slot slot) { return slot >= Slot::Query ? &terms[size_t(int(slot) - int(Slot::Query))] : nullptr; }
 };
 
 struct GemmaModel {

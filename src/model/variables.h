@@ -22,7 +22,7 @@ enum class VarKind {
 enum class Slot {
   Embeddings, FinalNorm,
   PreAttentionNorm, PostAttentionNorm, PreFfwNorm, PostFfwNorm, QueryNorm, KeyNorm,
-  Query, Key, Value, AttentionOutput, FfwGating, FfwGating2, FfwLinear,
+  Query, Key, Value, AttentionOutput, FfwGating, FfwGating2, FfwLinear,  // the block's matrices: keep them last
 };
 
 struct VariableSpec {

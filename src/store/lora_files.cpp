@@ -63,6 +63,17 @@ json peft_number(double x) {
   return x;
 }
 
+// Adapters read from `path`, with zeroed gradients, checked against the model.
+LoraWeights checked(LoraWeights w, const GemmaConfig& config, const std::string& path) {
+  check(!w.adapters.empty(), path, ": no LoRA adapters in the file");
+  for (LoraAdapter& ad : w.adapters) {
+    ad.grad_a.assign(ad.a.size(), 0.f);
+    ad.grad_b.assign(ad.b.size(), 0.f);
+  }
+  validate_lora(config, w, path);
+  return w;
+}
+
 // HF module names of the adaptable slots.
 const char* hf_module(Slot slot) {
   switch (slot) {
@@ -294,13 +305,9 @@ LoraWeights load_keras_lora(const std::string& path, const GemmaConfig& config) 
   w.alpha = double(rank);  // Keras never stores alpha: scale 1
   for (auto& [idx, ad] : found) {
     check(!ad.a.empty() && !ad.b.empty(), path, ": group lora/", idx, " needs both lora_kernel_a and lora_kernel_b");
-    ad.grad_a.assign(ad.a.size(), 0.f);
-    ad.grad_b.assign(ad.b.size(), 0.f);
     w.adapters.push_back(std::move(ad));
   }
-  check(!w.adapters.empty(), path, ": no LoRA adapters in the file");
-  validate_lora(config, w, path);
-  return w;
+  return checked(std::move(w), config, path);
 }
 
 void save_peft_adapter(const std::string& dir, const GemmaConfig& config, const LoraWeights& lora,
@@ -438,13 +445,9 @@ LoraWeights load_peft_adapter(const std::string& dir, const GemmaConfig& config)
     const double module_scale = peft_scale(alpha, rank);
     if (!nearly_equal(module_scale, scale))
       for (float& v : ad.b) v = float(v * (module_scale / scale));
-    ad.grad_a.assign(ad.a.size(), 0.f);
-    ad.grad_b.assign(ad.b.size(), 0.f);
     w.adapters.push_back(std::move(ad));
   }
-  check(!w.adapters.empty(), weights_path, ": no LoRA tensors in the file");
-  validate_lora(config, w, weights_path);
-  return w;
+  return checked(std::move(w), config, weights_path);
 }
 
 LoraWeights load_lora_adapter(const std::string& path, const GemmaConfig& config) {
