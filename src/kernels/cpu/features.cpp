@@ -1,11 +1,13 @@
 #include "kernels/cpu/features.h"
 
 #include <cblas.h>
+#include <cpuid.h>
 #include <omp.h>
 
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
@@ -21,22 +23,41 @@ static std::string cpu_model_name() {
   return "";
 }
 
+// CPUID and XGETBV, read directly (GCC's and clang's __builtin_cpu_supports know different
+// names): an instruction set counts only when the OS also saves its registers.
+static uint64_t xgetbv0() {
+  uint32_t lo = 0, hi = 0;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (uint64_t(hi) << 32) | lo;
+}
+
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = [] {
     CpuFeatures c;
     c.model = cpu_model_name();
-    __builtin_cpu_init();
-    c.avx2 = __builtin_cpu_supports("avx2");
-    c.fma = __builtin_cpu_supports("fma");
-    c.f16c = __builtin_cpu_supports("f16c");
-    c.avx512f = __builtin_cpu_supports("avx512f");
-    c.avx512bw = __builtin_cpu_supports("avx512bw");
-    c.avx512vl = __builtin_cpu_supports("avx512vl");
-    c.avx512dq = __builtin_cpu_supports("avx512dq");
-    c.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
-    c.avx512_vnni = __builtin_cpu_supports("avx512vnni");
-    c.avx_vnni = __builtin_cpu_supports("avxvnni");
-    c.amx_bf16 = __builtin_cpu_supports("amx-bf16");
+    unsigned a = 0, b = 0, cx = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &cx, &d)) return c;
+    const bool osxsave = cx & (1u << 27), avx = cx & (1u << 28);
+    const uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+    const bool ymm = (xcr0 & 0x6) == 0x6, zmm = (xcr0 & 0xe6) == 0xe6;
+    c.fma = ymm && avx && (cx & (1u << 12));
+    c.f16c = ymm && avx && (cx & (1u << 29));
+    unsigned max_leaf = __get_cpuid_max(0, nullptr);
+    if (max_leaf < 7) return c;
+    __cpuid_count(7, 0, a, b, cx, d);
+    const unsigned leaf7_subleaves = a;
+    c.avx2 = ymm && (b & (1u << 5));
+    c.avx512f = zmm && (b & (1u << 16));
+    c.avx512dq = zmm && (b & (1u << 17));
+    c.avx512bw = zmm && (b & (1u << 30));
+    c.avx512vl = zmm && (b & (1u << 31));
+    c.avx512_vnni = zmm && (cx & (1u << 11));
+    c.amx_bf16 = d & (1u << 22);
+    if (leaf7_subleaves >= 1) {
+      __cpuid_count(7, 1, a, b, cx, d);
+      c.avx_vnni = ymm && (a & (1u << 4));
+      c.avx512_bf16 = zmm && (a & (1u << 5));
+    }
     return c;
   }();
   return f;
