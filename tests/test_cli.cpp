@@ -96,6 +96,29 @@ TEST(Cli, InitWritesAPresetThatLoadsAndGenerates) {
   EXPECT_EQ(g.out, g2.out);
 }
 
+TEST(Cli, InitBfloat16WritesBf16MatricesThatLoadAndGenerate) {
+  const std::string root = make_temp_dir("init-bf16"), keras = root + "/keras", hf = root + "/hf";
+  ASSERT_EQ(run_meshtune("init --config tiny --dtype bfloat16 " + quote(keras)).exit_code, 0);
+  ASSERT_EQ(run_meshtune("init --config tiny --dtype bfloat16 --format hf " + quote(hf)).exit_code, 0);
+  EXPECT_EQ(load_json(keras + "/config.json")["config"]["dtype"]["config"]["name"], "bfloat16");
+  EXPECT_EQ(load_json(hf + "/config.json")["torch_dtype"], "bfloat16");
+  for (const std::string& dir : {keras, hf}) {
+    CommandResult info = run_meshtune("info " + quote(dir));
+    ASSERT_EQ(info.exit_code, 0) << info.err;
+    EXPECT_NE(info.out.find("decoder_block_0/attention/query/kernel             (4, 64, 16)             bfloat16"),
+              std::string::npos) << info.out;
+    EXPECT_NE(info.out.find("decoder_block_0/pre_attention_norm/scale           (64,)                   float32"),
+              std::string::npos) << info.out;  // norm scales stay fp32
+  }
+  // The same weights in both formats: the same greedy tokens.
+  CommandResult a = run_meshtune("generate " + quote(keras) + " --prompt 'This movie' --max-length 12 --json");
+  CommandResult b = run_meshtune("generate " + quote(hf) + " --prompt 'This movie' --max-length 12 --json");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(json::parse(a.out)["token_ids"].size(), 12u);
+  EXPECT_EQ(a.out, b.out);
+  expect_clean_failure(run_meshtune("init --dtype float16 " + quote(root + "/bad")), {"--dtype", "float16"});
+}
+
 TEST(Cli, PresetNameResolvesThroughModelsDir) {
   std::string root = fs::path(kTiny).parent_path().string();
   CommandResult r = run_meshtune("info preset-gemma-tiny --models-dir " + quote(root));

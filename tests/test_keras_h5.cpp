@@ -176,6 +176,28 @@ TEST(KerasH5, WriteErrorsRemoveTempFile) {
   expect_error_containing([&] { write_h5_datasets(dir + "/no/such/dir/x.h5", {{"a", f32_tensor({1}, 0)}}); }, "x.h5");
 }
 
+// The streaming form makes each dataset just before writing it: in order, one at a time, and
+// a tensor that is not what was declared is an error naming the dataset (no file is left).
+TEST(KerasH5, StreamedWriteMakesEachDatasetInTurn) {
+  std::string dir = make_temp_dir("h5stream");
+  const std::string path = dir + "/s.h5";
+  const std::vector<TensorSpec> specs = {{"a/vars/0", DType::F32, {2, 3}}, {"b/vars/0", DType::F32, {4}}};
+  std::vector<size_t> made;
+  write_h5_datasets(path, specs, [&](size_t i) {
+    made.push_back(i);
+    return f32_tensor(specs[i].shape, float(i));
+  });
+  EXPECT_EQ(made, (std::vector<size_t>{0, 1}));
+  auto out = read_h5_datasets(path);
+  EXPECT_EQ(to_f32(out.at("b/vars/0")), (std::vector<float>{1.0f, 1.25f, 1.5f, 1.75f}));
+
+  const std::string bad = dir + "/bad.h5";
+  expect_error_containing([&] { write_h5_datasets(bad, specs, [&](size_t i) { return f32_tensor({5}, 0); }); },
+                          "a/vars/0");
+  EXPECT_FALSE(std::filesystem::exists(bad));
+  EXPECT_FALSE(std::filesystem::exists(bad + ".tmp"));
+}
+
 TEST(KerasH5, ShardedDirectoryMerges) {
   std::string dir = make_temp_dir("h5shard");
   write_h5_datasets(dir + "/model_00000.weights.h5",

@@ -109,6 +109,31 @@ TEST(Safetensors, WrittenLayoutIsAlignedAndOrdered) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(got.at("zz").data) % 8, 0u);
 }
 
+// The streaming form: the header from the declared specs, then each tensor made in turn; a tensor
+// that is not what was declared is an error naming it (no file is left).
+TEST(Safetensors, StreamedWriteMakesEachTensorInTurn) {
+  std::string dir = make_temp_dir("st");
+  const std::string path = dir + "/s.safetensors";
+  const std::vector<TensorSpec> specs = {{"w", DType::BF16, {2}}, {"x", DType::F32, {1}}};
+  std::vector<size_t> made;
+  write_safetensors(path, specs, [&](size_t i) {
+    made.push_back(i);
+    return i == 0 ? make_tensor(DType::BF16, {2}, std::vector<uint16_t>{f32_to_bf16(1.0f), f32_to_bf16(-2.0f)})
+                  : make_tensor(DType::F32, {1}, std::vector<float>{3.0f});
+  }, {{"format", "pt"}});
+  EXPECT_EQ(made, (std::vector<size_t>{0, 1}));
+  auto got = read_safetensors(path);
+  EXPECT_EQ(to_f32(got.at("w")), (std::vector<float>{1.0f, -2.0f}));
+  EXPECT_EQ(to_f32(got.at("x")), (std::vector<float>{3.0f}));
+  EXPECT_EQ(read_safetensors_metadata(path).at("format"), "pt");
+
+  const std::string bad = dir + "/bad.safetensors";
+  expect_error([&] { write_safetensors(bad, specs, [&](size_t) { return HostTensor::allocate(DType::F32, {2}); }); },
+               {bad, "\"w\"", "float32", "bfloat16"});
+  EXPECT_FALSE(std::filesystem::exists(bad));
+  EXPECT_FALSE(std::filesystem::exists(bad + ".tmp"));
+}
+
 TEST(Safetensors, OverwriteFileThatTensorsAlias) {
   // Rewriting the file whose map we still hold must not disturb the tensors (temp + rename).
   std::string dir = make_temp_dir("st");

@@ -142,7 +142,7 @@ Runner add_info_command(CLI::App& app) {
 
     std::cout << "Model: " << loaded.dir.path << " ("
               << (loaded.dir.format == ModelFormat::Keras ? "Keras preset" : "Hugging Face checkpoint") << ")\n";
-    std::cout << "Config: " << c.to_keras_json()["config"].dump() << "\n";
+    std::cout << "Config: " << c.to_keras_json(c.stored_dtype)["config"].dump() << "\n";
     std::cout << "Family: Gemma " << c.family << ", query scale 1/sqrt(" << c.query_scale_dim << ")"
               << ", sequence_length " << loaded.dir.sequence_length << "\n\n";
     const long long frozen = o->lora_rank > 0 ? total : 0;

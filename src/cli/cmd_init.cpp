@@ -1,6 +1,8 @@
-// meshtune init [--config tiny] [--format keras|hf] [--seed N] OUT
+// meshtune init [--config tiny] [--dtype float32|bfloat16] [--format keras|hf] [--seed N] OUT
 // Writes the embedded default: a small random Gemma model as a real preset directory, with a
 // SentencePiece tokenizer trained on the project's own sample reviews. Nothing is downloaded.
+// Variables are made one at a time as they are written (random_variable), never the whole model,
+// so a real shape (gemma_7b_en in bfloat16: 17 GB) is written in a few GB of memory.
 #include <filesystem>
 #include <iostream>
 
@@ -17,7 +19,7 @@ namespace meshtune::cli {
 Runner add_init_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("init", "Create the embedded tiny model (a random Gemma with its own tokenizer)");
   struct Options {
-    std::string out, config = "tiny", format = "keras";
+    std::string out, config = "tiny", format = "keras", dtype = "float32";
     uint64_t seed = 0;
     int vocab_size = 512;
     int sequence_length = 64;
@@ -32,6 +34,9 @@ Runner add_init_command(CLI::App& app) {
   cmd->add_option("--layers", o->layers, "Number of decoder blocks (default: the config's)")->check(CLI::PositiveNumber);
   cmd->add_option("--format", o->format, "keras (preset directory, default) or hf (safetensors checkpoint)")
       ->check(CLI::IsMember({"keras", "hf"}));
+  cmd->add_option("--dtype", o->dtype, "float32 (default) or bfloat16: the dtype of the weight matrices (norm scales "
+                                      "stay float32)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd->add_option("--seed", o->seed, "Seed for the random weights (default 0)");
   cmd->add_option("--vocab-size", o->vocab_size, "Tokenizer vocabulary size (default 512)")->check(CLI::Range(300, 4000));
   cmd->add_option("--sequence-length", o->sequence_length, "preprocessor.json sequence_length (default 64)");
@@ -50,11 +55,15 @@ Runner add_init_command(CLI::App& app) {
     const bool tiny = o->config.rfind("tiny", 0) == 0;  // the test shapes take the tokenizer's vocabulary
     GemmaConfig config = preset_config(o->config, tiny ? tokenizer.vocab_size() : 0);
     if (o->layers > 0) config.num_layers = o->layers;
-    GemmaModel model = random_model(config, o->seed);
-    if (o->format == "keras") save_keras_preset(model, tokenizer_path, o->sequence_length, o->out);
-    else save_hf_checkpoint(model, tokenizer_path, o->out);
-    std::cerr << "wrote " << o->config << " model (" << model.config.num_parameters() << " parameters, vocabulary "
-              << tokenizer.vocab_size() << ") to " << o->out << "\n";
+    // random_model's weights, each made just before it is written.
+    const DType dtype = o->dtype == "bfloat16" ? DType::BF16 : DType::F32;
+    const VariableSource variables{
+        [dtype](const VariableSpec& spec) { return random_variable_dtype(spec, dtype); },
+        [seed = o->seed, dtype](const VariableSpec& spec) { return random_variable(spec, seed, dtype); }};
+    if (o->format == "keras") save_keras_preset(config, variables, tokenizer_path, o->sequence_length, o->out);
+    else save_hf_checkpoint(config, variables, tokenizer_path, o->out);
+    std::cerr << "wrote " << o->config << " model (" << config.num_parameters() << " parameters, " << o->dtype
+              << ", vocabulary " << tokenizer.vocab_size() << ") to " << o->out << "\n";
     return 0;
   };
 }

@@ -2,6 +2,7 @@
 // platform and standard library (std::*_distribution algorithms are implementation-defined).
 #pragma once
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 namespace meshtune {
@@ -21,5 +22,18 @@ struct SplitMix64 {
     return float(std::sqrt(-2 * std::log(u1)) * std::cos(6.283185307179586 * u2));
   }
 };
+
+// The seed of stream `index` of `seed` (a variable of a model, a block of an array). The index is
+// mixed before it meets the seed, so neighbouring indices and seeds give unrelated streams.
+inline uint64_t derive_seed(uint64_t seed, uint64_t index) {
+  return SplitMix64{seed ^ SplitMix64{index}.next()}.next();
+}
+
+// out[0, n) ~ N(0, stddev²), in parallel (OpenMP) and the same for any number of threads: the array
+// is cut into blocks of kNormalBlock values, block b drawn from SplitMix64{derive_seed(seed, b)}.
+constexpr size_t kNormalBlock = size_t(1) << 16;
+void fill_normal(float* out, size_t n, uint64_t seed, float stddev);
+// The same values rounded to bfloat16 (the bits f32_to_bf16 gives), without an fp32 copy of the array.
+void fill_normal_bf16(uint16_t* out, size_t n, uint64_t seed, float stddev);
 
 }  // namespace meshtune

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,15 @@ struct HostTensor {
   // Mutable access to a tensor made by allocate().
   template <typename T> T* mutable_as() { return reinterpret_cast<T*>(const_cast<std::byte*>(data)); }
 };
+
+// What a tensor will be before it exists: the streaming writers take these up front (a header
+// comes before the data) and a TensorSource that makes tensor i when it is about to be written.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::F32;
+  Shape shape;
+};
+using TensorSource = std::function<HostTensor(size_t index)>;
 
 // bfloat16 <-> float32. bf16 is the top half of an fp32; conversion to bf16 rounds to nearest even.
 inline float bf16_to_f32(uint16_t b) {

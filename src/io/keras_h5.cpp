@@ -25,8 +25,9 @@ namespace {
 
 // libhdf5 keeps global state (and the Debian build serialises internally anyway); one lock keeps
 // our calls and the error-stack handling below from interleaving between threads.
-std::mutex& h5_mutex() {
-  static std::mutex m;
+// Recursive: a streaming write's TensorSource may itself read an .h5 file on the writing thread.
+std::recursive_mutex& h5_mutex() {
+  static std::recursive_mutex m;
   return m;
 }
 
@@ -330,14 +331,21 @@ void write_dataset(hid_t file, hid_t lcpl, const std::string& path, const std::s
   if (t.dtype == DType::BF16) write_string_attribute(dset.get(), where, "dtype", "bfloat16");
 }
 
-void write_file(const std::string& tmp, const std::vector<std::pair<std::string, HostTensor>>& datasets,
+void write_file(const std::string& tmp, const std::vector<TensorSpec>& datasets, const TensorSource& tensor,
                 const std::vector<std::string>& empty_groups) {
   const std::string where = "file " + tmp;
   Handle file = checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, where, "H5Fcreate");
   {
     Handle lcpl = checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, where, "H5Pcreate(link create)");
     check_status(H5Pset_create_intermediate_group(lcpl.get(), 1), where, "H5Pset_create_intermediate_group");
-    for (const auto& [name, tensor] : datasets) write_dataset(file.get(), lcpl.get(), tmp, name, tensor);
+    for (size_t i = 0; i < datasets.size(); ++i) {
+      const TensorSpec& spec = datasets[i];
+      const HostTensor t = tensor(i);  // freed (unless someone else holds it) once written
+      check(t.dtype == spec.dtype && t.shape == spec.shape, where, ": dataset ", spec.name, " came as ",
+            dtype_name(t.dtype), " ", shape_str(t.shape), ", declared ", dtype_name(spec.dtype), " ",
+            shape_str(spec.shape));
+      write_dataset(file.get(), lcpl.get(), tmp, spec.name, t);
+    }
     for (const auto& group : empty_groups) ensure_group(file.get(), tmp, group);
   }
   check_status(file.close(), where, "H5Fclose");
@@ -418,12 +426,19 @@ std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir,
   fail("directory ", dir, ": has neither model.weights.h5 nor model.weights.json");
 }
 
-void write_h5_datasets(const std::string& path, const std::vector<std::pair<std::string, HostTensor>>& datasets,
+void write_h5_datasets(const std::string& path, const std::vector<TensorSpec>& datasets, const TensorSource& tensor,
                        const std::vector<std::string>& empty_groups) {
   std::lock_guard lock(h5_mutex());
   silence_hdf5();
   // All handles are closed when write_file returns or throws.
-  write_atomically(path, [&](const std::string& tmp) { write_file(tmp, datasets, empty_groups); });
+  write_atomically(path, [&](const std::string& tmp) { write_file(tmp, datasets, tensor, empty_groups); });
+}
+
+void write_h5_datasets(const std::string& path, const std::vector<std::pair<std::string, HostTensor>>& datasets,
+                       const std::vector<std::string>& empty_groups) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : datasets) specs.push_back({name, t.dtype, t.shape});
+  write_h5_datasets(path, specs, [&](size_t i) { return datasets[i].second; }, empty_groups);
 }
 
 }  // namespace meshtune

@@ -38,5 +38,10 @@ std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir,
 // `empty_groups` are created too (Keras writes empty `vars` groups for weightless layers).
 void write_h5_datasets(const std::string& path, const std::vector<std::pair<std::string, HostTensor>>& datasets,
                        const std::vector<std::string>& empty_groups = {});
+// The streaming form: dataset i is `datasets[i]` and made by `tensor(i)` just before it is written,
+// then released, so a file far larger than memory can be written. A tensor that does not have its
+// declared dtype and shape is an Error naming the dataset.
+void write_h5_datasets(const std::string& path, const std::vector<TensorSpec>& datasets, const TensorSource& tensor,
+                       const std::vector<std::string>& empty_groups = {});
 
 }  // namespace meshtune

@@ -248,9 +248,9 @@ std::map<std::string, HostTensor> read_safetensors_dir(const std::string& dir) {
   return out;
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, HostTensor>>& tensors,
+void write_safetensors(const std::string& path, const std::vector<TensorSpec>& tensors, const TensorSource& tensor,
                        const std::map<std::string, std::string>& metadata) {
-  // Build the header in the given order; data is laid out in the same order.
+  // The header from the declared dtypes and shapes, in the given order; data follows in that order.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
@@ -259,14 +259,15 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   }
   uint64_t offset = 0;
   std::set<std::string> seen;
-  for (const auto& [name, t] : tensors) {
+  for (const TensorSpec& spec : tensors) {
+    const std::string& name = spec.name;
     check(name != "__metadata__", path, ": \"__metadata__\" cannot be a tensor name");
     check(seen.insert(name).second, path, ": tensor \"", name, "\" is given twice");
-    for (int64_t d : t.shape) check(d >= 0, path, ": tensor \"", name, "\" has negative shape ", shape_str(t.shape));
-    const uint64_t nbytes = t.nbytes();
-    check(nbytes == 0 || t.data != nullptr, path, ": tensor \"", name, "\" has no data");
-    header[name] = {{"dtype", safetensors_dtype_name(t.dtype)},
-                    {"shape", t.shape},
+    for (int64_t d : spec.shape)
+      check(d >= 0, path, ": tensor \"", name, "\" has negative shape ", shape_str(spec.shape));
+    const uint64_t nbytes = uint64_t(num_elements(spec.shape)) * dtype_size(spec.dtype);
+    header[name] = {{"dtype", safetensors_dtype_name(spec.dtype)},
+                    {"shape", spec.shape},
                     {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
   }
@@ -284,9 +285,23 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   write_stream_atomically(path, [&](std::FILE* out) {
     std::fwrite(len_bytes, 1, 8, out);
     std::fwrite(header_text.data(), 1, header_text.size(), out);
-    for (const auto& [name, tensor] : tensors)
-      if (tensor.nbytes() > 0) std::fwrite(tensor.data, 1, tensor.nbytes(), out);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorSpec& spec = tensors[i];
+      const HostTensor t = tensor(i);  // freed (unless someone else holds it) once written
+      check(t.dtype == spec.dtype && t.shape == spec.shape, path, ": tensor \"", spec.name, "\" came as ",
+            dtype_name(t.dtype), " ", shape_str(t.shape), ", declared ", dtype_name(spec.dtype), " ",
+            shape_str(spec.shape));
+      check(t.nbytes() == 0 || t.data != nullptr, path, ": tensor \"", spec.name, "\" has no data");
+      if (t.nbytes() > 0) std::fwrite(t.data, 1, t.nbytes(), out);
+    }
   });
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, HostTensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, t] : tensors) specs.push_back({name, t.dtype, t.shape});
+  write_safetensors(path, specs, [&](size_t i) { return tensors[i].second; }, metadata);
 }
 
 }  // namespace meshtune

@@ -33,5 +33,10 @@ std::map<std::string, HostTensor> read_safetensors_dir(const std::string& dir);
 // The header is padded with spaces so that the data starts at an 8-byte boundary.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, HostTensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// The streaming form: the header is written from the declared dtypes and shapes, then tensor i's
+// bytes from `tensor(i)`, made just before and released after, so a file far larger than memory
+// can be written. A tensor that does not have its declared dtype and shape is an Error naming it.
+void write_safetensors(const std::string& path, const std::vector<TensorSpec>& tensors, const TensorSource& tensor,
+                       const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace meshtune

@@ -177,8 +177,8 @@ GemmaConfig GemmaConfig::from_hf_json(const json& j_in, const std::string& sourc
   return g;
 }
 
-json GemmaConfig::to_keras_json() const {
-  json dtype = {{"module", "keras"}, {"class_name", "DTypePolicy"}, {"config", {{"name", "float32"}}},
+json GemmaConfig::to_keras_json(const std::string& weights_dtype) const {
+  json dtype = {{"module", "keras"}, {"class_name", "DTypePolicy"}, {"config", {{"name", weights_dtype}}},
                 {"registered_name", nullptr}};
   const FamilyNames& n = names();
   json c = {{"name", std::string(n.keras_prefix) + "_backbone"},
@@ -218,7 +218,7 @@ json GemmaConfig::to_keras_json() const {
   return {{"module", module}, {"class_name", cls}, {"config", c}, {"registered_name", "keras_hub>" + cls}};
 }
 
-json GemmaConfig::to_hf_json() const {
+json GemmaConfig::to_hf_json(const std::string& weights_dtype) const {
   json j = {{"architectures", {names().hf_architecture}},
             {"model_type", names().hf_model_type},
             {"vocab_size", vocab_size},
@@ -235,7 +235,7 @@ json GemmaConfig::to_hf_json() const {
             {"pad_token_id", 0},
             {"eos_token_id", 1},
             {"bos_token_id", 2},
-            {"torch_dtype", "float32"},
+            {"torch_dtype", weights_dtype},
             {"max_position_embeddings", max_sequence_length},
             // transformers declares an int; write one unless the scale really is fractional
             {"query_pre_attn_scalar", query_scale_dim == std::round(query_scale_dim) ? json(int64_t(query_scale_dim))

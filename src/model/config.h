@@ -77,9 +77,11 @@ struct GemmaConfig {
   static GemmaConfig from_keras_json(const nlohmann::json& j, const std::string& source);
   // Hugging Face `config.json`, model_type gemma, gemma2, gemma3_text (or gemma3 with text_config).
   static GemmaConfig from_hf_json(const nlohmann::json& j, const std::string& source);
-  // The Keras backbone config.json object for this config (what save_to_preset writes).
-  nlohmann::json to_keras_json() const;
-  nlohmann::json to_hf_json() const;
+  // The Keras backbone config.json object for this config (what save_to_preset writes), and the HF
+  // config.json. `weights_dtype` is the dtype they declare ("float32", "bfloat16"): Keras'
+  // DTypePolicy name, HF's torch_dtype.
+  nlohmann::json to_keras_json(const std::string& weights_dtype = "float32") const;
+  nlohmann::json to_hf_json(const std::string& weights_dtype = "float32") const;
 };
 
 }  // namespace meshtune

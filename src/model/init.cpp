@@ -7,61 +7,34 @@
 
 namespace meshtune {
 
-static WeightMatrix random_matrix(SplitMix64& rng, int64_t rows, int64_t cols, float stddev, DType dtype) {
-  WeightMatrix m;
-  m.rows = rows;
-  m.cols = cols;
-  m.dtype = dtype;
-  const size_t n = size_t(rows) * size_t(cols);
-  if (dtype == DType::F32) {
-    auto data = std::shared_ptr<float[]>(new float[n]);
-    for (size_t i = 0; i < n; ++i) data[i] = rng.normal() * stddev;
-    m.data = data.get();
-    m.owner = data;
-  } else {
-    auto data = std::shared_ptr<uint16_t[]>(new uint16_t[n]);
-    for (size_t i = 0; i < n; ++i) data[i] = f32_to_bf16(rng.normal() * stddev);
-    m.data = data.get();
-    m.owner = data;
-  }
-  return m;
+DType random_variable_dtype(const VariableSpec& spec, DType dtype) {
+  return spec.kind == VarKind::Norm ? DType::F32 : dtype;
 }
 
-static std::vector<float> random_scale(SplitMix64& rng, int64_t n) {
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = 0.1f * rng.normal();
-  return v;
+HostTensor random_variable(const VariableSpec& spec, uint64_t seed, DType dtype) {
+  check(dtype == DType::F32 || dtype == DType::BF16, "random weights: dtype must be float32 or bfloat16, got ",
+        dtype_name(dtype));
+  HostTensor t = HostTensor::allocate(random_variable_dtype(spec, dtype), spec.hf_shape);
+  // Every matrix is (out, in) in our layout, the embedding (V, D): 1/√cols is 1/√fan_in, and 1/√D.
+  const float stddev = spec.kind == VarKind::Norm ? 0.1f : float(1 / std::sqrt(double(spec.hf_shape[1])));
+  // The variable's own stream: by layer and slot, not by its place in the list, which depends on
+  // the config's optional norms.
+  const uint64_t variable_seed = derive_seed(seed, (uint64_t(spec.layer + 1) << 8) | uint64_t(spec.slot));
+  if (t.dtype == DType::F32) fill_normal(t.mutable_as<float>(), size_t(num_elements(t.shape)), variable_seed, stddev);
+  else fill_normal_bf16(t.mutable_as<uint16_t>(), size_t(num_elements(t.shape)), variable_seed, stddev);
+  return t;
 }
 
 GemmaModel random_model(const GemmaConfig& c, uint64_t seed, DType dtype) {
-  check(dtype == DType::F32 || dtype == DType::BF16, "random_model: dtype must be float32 or bfloat16");
-  SplitMix64 rng{seed};
   GemmaModel m;
   m.config = c;
-  const int64_t D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim, F = c.ffw_dim;
-  m.embeddings = random_matrix(rng, c.vocab_size, D, float(1 / std::sqrt(double(D))), dtype);
-  for (int i = 0; i < c.num_layers; ++i) {
-    DecoderLayerWeights l;
-    l.pre_attention_norm = random_scale(rng, D);
-    l.pre_ffw_norm = random_scale(rng, D);
-    if (c.use_post_attention_norm) l.post_attention_norm = random_scale(rng, D);
-    if (c.use_post_ffw_norm) l.post_ffw_norm = random_scale(rng, D);
-    if (c.use_query_key_norm) {
-      l.query_norm = random_scale(rng, H);
-      l.key_norm = random_scale(rng, H);
-    }
-    const float in_d = float(1 / std::sqrt(double(D))), in_nh = float(1 / std::sqrt(double(N * H))),
-                in_f = float(1 / std::sqrt(double(F)));
-    l.query = random_matrix(rng, N * H, D, in_d, dtype);
-    l.key = random_matrix(rng, K * H, D, in_d, dtype);
-    l.value = random_matrix(rng, K * H, D, in_d, dtype);
-    l.attention_output = random_matrix(rng, D, N * H, in_nh, dtype);
-    l.ffw_gating = random_matrix(rng, F, D, in_d, dtype);
-    l.ffw_gating_2 = random_matrix(rng, F, D, in_d, dtype);
-    l.ffw_linear = random_matrix(rng, D, F, in_f, dtype);
-    m.layers.push_back(std::move(l));
+  m.layers.resize(size_t(c.num_layers));
+  for (const VariableSpec& spec : gemma_variables(c)) {
+    const HostTensor t = random_variable(spec, seed, dtype);
+    if (WeightMatrix* w = m.matrix(spec.slot, spec.layer))
+      *w = WeightMatrix{.rows = t.shape[0], .cols = t.shape[1], .dtype = t.dtype, .data = t.data, .owner = t.owner};
+    else *m.vector(spec.slot, spec.layer) = to_f32(t);
   }
-  m.final_norm = random_scale(rng, D);
   return m;
 }
 

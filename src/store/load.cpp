@@ -157,6 +157,7 @@ GemmaModel load_model(const ModelDir& dir, bool keep_bf16, const VariableBlocks&
     auto it = tensors.find(name);
     check(it != tensors.end(), weights_file, ": missing tensor ", name, " (", spec.keras_path, ")");
     HostTensor t = it->second;
+    tensors.erase(it);  // the file's copy is freed once converted: a model loads in little more than its size
     const auto box = boxes.find(name);
     const Shape& expected = box != boxes.end() ? Shape(box->second.count.begin(), box->second.count.end())
                             : keras          ? spec.keras_shape

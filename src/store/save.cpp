@@ -42,16 +42,28 @@ static json dtype_policy(const std::string& name) {
   return {{"module", "keras"}, {"class_name", "DTypePolicy"}, {"config", {{"name", name}}}, {"registered_name", nullptr}};
 }
 
-void save_keras_preset(const GemmaModel& model, const std::string& tokenizer_path, int sequence_length,
-                       const std::string& out_dir) {
-  fs::create_directories(fs::path(out_dir) / "assets" / "tokenizer");
-  const GemmaConfig& c = model.config;
-  std::vector<std::pair<std::string, HostTensor>> datasets;
-  for (const VariableSpec& spec : gemma_variables(c))
-    datasets.emplace_back(spec.h5_path, ours_to_keras(variable_tensor(model, spec), spec.kind, spec.keras_shape));
-  write_h5_datasets((fs::path(out_dir) / "model.weights.h5").string(), datasets);
+// The source reading a model in memory (aliasing it: nothing is copied).
+static VariableSource model_variables(const GemmaModel& model) {
+  return {[&model](const VariableSpec& spec) { return variable_tensor(model, spec).dtype; },
+          [&model](const VariableSpec& spec) { return variable_tensor(model, spec); }};
+}
 
-  const json backbone = c.to_keras_json();
+// The dtype config.json declares: the embedding's, the first variable (see save.h).
+static std::string declared_dtype(const std::vector<VariableSpec>& specs, const VariableSource& variables) {
+  return dtype_name(variables.dtype(specs.front()));
+}
+
+void save_keras_preset(const GemmaConfig& c, const VariableSource& variables, const std::string& tokenizer_path,
+                       int sequence_length, const std::string& out_dir) {
+  fs::create_directories(fs::path(out_dir) / "assets" / "tokenizer");
+  const std::vector<VariableSpec> specs = gemma_variables(c);
+  std::vector<TensorSpec> datasets;
+  for (const VariableSpec& spec : specs) datasets.push_back({spec.h5_path, variables.dtype(spec), spec.keras_shape});
+  write_h5_datasets((fs::path(out_dir) / "model.weights.h5").string(), datasets, [&](size_t i) {
+    return ours_to_keras(variables.tensor(specs[i]), specs[i].kind, specs[i].keras_shape);
+  });
+
+  const json backbone = c.to_keras_json(declared_dtype(specs, variables));
   const std::string prefix = c.names().keras_prefix, cap = c.names().keras_class;
   json tokenizer = {{"module", "keras_hub.src.models." + prefix + "." + prefix + "_tokenizer"},
                     {"class_name", cap + "Tokenizer"},
@@ -93,18 +105,29 @@ void save_keras_preset(const GemmaModel& model, const std::string& tokenizer_pat
     copy_file_atomic(tokenizer_path, (fs::path(out_dir) / "assets" / "tokenizer" / "vocabulary.spm").string());
 }
 
-void save_hf_checkpoint(const GemmaModel& model, const std::string& tokenizer_path, const std::string& out_dir) {
+void save_hf_checkpoint(const GemmaConfig& c, const VariableSource& variables, const std::string& tokenizer_path,
+                        const std::string& out_dir) {
   fs::create_directories(out_dir);
-  std::vector<std::pair<std::string, HostTensor>> tensors;
-  for (const VariableSpec& spec : gemma_variables(model.config))
-    tensors.emplace_back(spec.hf_name, variable_tensor(model, spec));
-  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  write_file_atomic((fs::path(out_dir) / "config.json").string(), model.config.to_hf_json().dump(2));
+  const std::vector<VariableSpec> specs = gemma_variables(c);
+  std::vector<TensorSpec> tensors;
+  for (const VariableSpec& spec : specs) tensors.push_back({spec.hf_name, variables.dtype(spec), spec.hf_shape});
+  write_safetensors((fs::path(out_dir) / "model.safetensors").string(), tensors,
+                    [&](size_t i) { return variables.tensor(specs[i]); }, {{"format", "pt"}});
+  write_file_atomic((fs::path(out_dir) / "config.json").string(), c.to_hf_json(declared_dtype(specs, variables)).dump(2));
   json tokenizer_config = {{"tokenizer_class", "GemmaTokenizer"}, {"bos_token", "<bos>"}, {"eos_token", "<eos>"},
                            {"pad_token", "<pad>"}, {"unk_token", "<unk>"}, {"add_bos_token", true},
                            {"add_eos_token", false}};
   write_file_atomic((fs::path(out_dir) / "tokenizer_config.json").string(), tokenizer_config.dump(2));
   if (!tokenizer_path.empty()) copy_file_atomic(tokenizer_path, (fs::path(out_dir) / "tokenizer.model").string());
+}
+
+void save_keras_preset(const GemmaModel& model, const std::string& tokenizer_path, int sequence_length,
+                       const std::string& out_dir) {
+  save_keras_preset(model.config, model_variables(model), tokenizer_path, sequence_length, out_dir);
+}
+
+void save_hf_checkpoint(const GemmaModel& model, const std::string& tokenizer_path, const std::string& out_dir) {
+  save_hf_checkpoint(model.config, model_variables(model), tokenizer_path, out_dir);
 }
 
 }  // namespace meshtune
