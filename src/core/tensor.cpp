@@ -92,4 +92,10 @@ std::vector<float> to_f32(const HostTensor& t) {
   return out;
 }
 
+void check_declared(const HostTensor& t, const TensorSpec& spec, const std::string& where) {
+  check(t.dtype == spec.dtype && t.shape == spec.shape, where, ": tensor \"", spec.name, "\" came as ",
+        dtype_name(t.dtype), " ", shape_str(t.shape), ", declared ", dtype_name(spec.dtype), " ", shape_str(spec.shape));
+  check(t.nbytes() == 0 || t.data != nullptr, where, ": tensor \"", spec.name, "\" has no data");
+}
+
 }  // namespace meshtune

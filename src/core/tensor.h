@@ -44,6 +44,8 @@ struct TensorSpec {
   Shape shape;
 };
 using TensorSource = std::function<HostTensor(size_t index)>;
+// Throws Error (naming `where` and the tensor) when a source's tensor differs from its declaration.
+void check_declared(const HostTensor& t, const TensorSpec& spec, const std::string& where);
 
 // bfloat16 <-> float32. bf16 is the top half of an fp32; conversion to bf16 rounds to nearest even.
 inline float bf16_to_f32(uint16_t b) {

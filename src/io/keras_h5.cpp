@@ -341,9 +341,7 @@ void write_file(const std::string& tmp, const std::vector<TensorSpec>& datasets,
     for (size_t i = 0; i < datasets.size(); ++i) {
       const TensorSpec& spec = datasets[i];
       const HostTensor t = tensor(i);  // freed (unless someone else holds it) once written
-      check(t.dtype == spec.dtype && t.shape == spec.shape, where, ": dataset ", spec.name, " came as ",
-            dtype_name(t.dtype), " ", shape_str(t.shape), ", declared ", dtype_name(spec.dtype), " ",
-            shape_str(spec.shape));
+      check_declared(t, spec, where);
       write_dataset(file.get(), lcpl.get(), tmp, spec.name, t);
     }
     for (const auto& group : empty_groups) ensure_group(file.get(), tmp, group);

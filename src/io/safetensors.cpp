@@ -288,10 +288,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorSpec>& t
     for (size_t i = 0; i < tensors.size(); ++i) {
       const TensorSpec& spec = tensors[i];
       const HostTensor t = tensor(i);  // freed (unless someone else holds it) once written
-      check(t.dtype == spec.dtype && t.shape == spec.shape, path, ": tensor \"", spec.name, "\" came as ",
-            dtype_name(t.dtype), " ", shape_str(t.shape), ", declared ", dtype_name(spec.dtype), " ",
-            shape_str(spec.shape));
-      check(t.nbytes() == 0 || t.data != nullptr, path, ": tensor \"", spec.name, "\" has no data");
+      check_declared(t, spec, path);
       if (t.nbytes() > 0) std::fwrite(t.data, 1, t.nbytes(), out);
     }
   });
