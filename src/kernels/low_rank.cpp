@@ -9,68 +9,105 @@ namespace meshtune {
 
 namespace {
 
-// A strided [rows, cols] matrix (element (i, j) at p[i·row + j·col], one stride 1) as BLAS sees
-// it: row-major, or the transpose of a row-major matrix. (With one row or one column both strides
-// may be 1; BLAS then still wants a leading dimension of at least the row length.)
-struct Operand {
-  const float* p;
-  CBLAS_TRANSPOSE trans;
-  int ld;
+// The rank-r factors gathered into contiguous matrices once per call (they are small: in·G·r and
+// r·og floats), so that x·A of every group is one sgemm and the products with B are plain loops
+// over the output (r ≤ a few dozen: a GEMM per group would be all call overhead).
+struct Factors {
+  int64_t R = 0;                   // groups · rank
+  std::vector<float> a;            // [in, R]: a(i, g·r + j) = A_g(i, j)
+  std::vector<float> b;            // [r, og]: b(j, o) = B(j, o)
 };
-bool row_major(int64_t rows, int64_t cols, int64_t row, int64_t col) { return col == 1 && (rows == 1 || row >= cols); }
-Operand operand(const float* p, int64_t rows, int64_t cols, int64_t row, int64_t col) {
-  if (row_major(rows, cols, row, col)) return {p, CblasNoTrans, int(std::max(row, cols))};
-  return {p, CblasTrans, int(std::max(col, rows))};
+
+Factors gather_factors(const LowRankTerm& t) {
+  Factors f;
+  const int64_t r = t.rank, og = t.out_per_group;
+  f.R = t.groups * r;
+  f.a.resize(size_t(t.in * f.R));
+  for (int64_t g = 0; g < t.groups; ++g)
+    for (int64_t i = 0; i < t.in; ++i)
+      for (int64_t j = 0; j < r; ++j) f.a[size_t(i * f.R + g * r + j)] = t.a[g * t.a_group + i * t.a_row + j * t.a_col];
+  f.b.resize(size_t(r * og));
+  for (int64_t j = 0; j < r; ++j)
+    for (int64_t o = 0; o < og; ++o) f.b[size_t(j * og + o)] = t.b[j * t.b_row + o * t.b_col];
+  return f;
 }
 
-// C[m, n] (row-major, ld c_ld) = alpha·P[m, k]·Q[k, n] + beta·C.
-void gemm(int64_t m, int64_t n, int64_t k, float alpha, const float* p, int64_t p_row, int64_t p_col, const float* q,
-          int64_t q_row, int64_t q_col, float beta, float* c, int64_t c_ld) {
-  const Operand P = operand(p, m, k, p_row, p_col), Q = operand(q, k, n, q_row, q_col);
-  cblas_sgemm(CblasRowMajor, P.trans, Q.trans, int(m), int(n), int(k), alpha, P.p, P.ld, Q.p, Q.ld, beta, c,
-              int(std::max(c_ld, n)));
-}
-
-// Adds alpha·P[m, k]·Q[k, n] into the strided matrix G(i, j) = g[i·row + j·col]: computed as
-// C += P·Q when G is row-major, else as Gᵀ += Qᵀ·Pᵀ.
-void gemm_into(int64_t m, int64_t n, int64_t k, float alpha, const float* p, int64_t p_row, int64_t p_col,
-               const float* q, int64_t q_row, int64_t q_col, float* g, int64_t row, int64_t col) {
-  if (row_major(m, n, row, col)) return gemm(m, n, k, alpha, p, p_row, p_col, q, q_row, q_col, 1.f, g, row);
-  gemm(n, m, k, alpha, q, q_col, q_row, p, p_col, p_row, 1.f, g, col);
+// u[M, R] = x[M, in] · A (all groups at once).
+void project_down(const float* x, int64_t M, const LowRankTerm& t, const Factors& f, float* u) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(f.R), int(t.in), 1.f, x, int(t.in), f.a.data(),
+              int(f.R), 0.f, u, int(f.R));
 }
 
 }  // namespace
 
 void low_rank_forward(const float* x, int64_t M, const LowRankTerm& t, float* y) {
   if (!t.active() || M == 0) return;
-  const int64_t r = t.rank, out = t.out();
-  std::vector<float> u(static_cast<size_t>(M * r));
-  for (int64_t g = 0; g < t.groups; ++g) {
-    // u[M, r] = x · A_g, then y_g += scale · u · B
-    gemm(M, r, t.in, 1.f, x, t.in, 1, t.a + g * t.a_group, t.a_row, t.a_col, 0.f, u.data(), r);
-    gemm(M, t.out_per_group, r, t.scale, u.data(), r, 1, t.b, t.b_row, t.b_col, 1.f, y + g * t.out_per_group, out);
-  }
+  const Factors f = gather_factors(t);
+  const int64_t r = t.rank, og = t.out_per_group, out = t.out(), R = f.R;
+  std::vector<float> u(static_cast<size_t>(M * R));
+  project_down(x, M, t, f, u.data());
+  // y[m, g·og + o] += scale · Σ_j u[m, g·r + j] · B(j, o)
+#pragma omp parallel for schedule(static) if (M * out * r > 65536)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < t.groups; ++g) {
+      float* yg = y + m * out + g * og;
+      for (int64_t j = 0; j < r; ++j) {
+        const float c = t.scale * u[size_t(m * R + g * r + j)];
+        const float* bj = f.b.data() + j * og;
+        for (int64_t o = 0; o < og; ++o) yg[o] += c * bj[o];
+      }
+    }
 }
 
 void low_rank_backward(const float* x, const float* dy, int64_t M, const LowRankTerm& t, float* dx) {
   if (!t.active() || M == 0) return;
-  const int64_t r = t.rank, out = t.out(), og = t.out_per_group;
-  std::vector<float> u(static_cast<size_t>(M * r)), v(static_cast<size_t>(M * r));
-  for (int64_t g = 0; g < t.groups; ++g) {
-    const float* a = t.a + g * t.a_group;
-    const float* dy_g = dy + g * og;
-    // v[M, r] = dy_g · Bᵀ (Bᵀ(o, j) = b[o·b_col + j·b_row])
-    gemm(M, r, og, 1.f, dy_g, out, 1, t.b, t.b_col, t.b_row, 0.f, v.data(), r);
-    // dx += scale · v · A_gᵀ
-    if (dx) gemm(M, t.in, r, t.scale, v.data(), r, 1, a, t.a_col, t.a_row, 1.f, dx, t.in);
-    // ∂A_g [in, r] += scale · xᵀ · v
-    if (t.grad_a)
-      gemm_into(t.in, r, M, t.scale, x, 1, t.in, v.data(), r, 1, t.grad_a + g * t.a_group, t.a_row, t.a_col);
-    if (t.grad_b) {
-      // ∂B [r, og] += scale · uᵀ · dy_g with u = x · A_g
-      gemm(M, r, t.in, 1.f, x, t.in, 1, a, t.a_row, t.a_col, 0.f, u.data(), r);
-      gemm_into(r, og, M, t.scale, u.data(), 1, r, dy_g, out, 1, t.grad_b, t.b_row, t.b_col);
+  const Factors f = gather_factors(t);
+  const int64_t r = t.rank, og = t.out_per_group, out = t.out(), R = f.R;
+  // v[m, g·r + j] = Σ_o dy[m, g·og + o] · B(j, o)
+  std::vector<float> v(static_cast<size_t>(M * R));
+#pragma omp parallel for schedule(static) if (M * out * r > 65536)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < t.groups; ++g) {
+      const float* dyg = dy + m * out + g * og;
+      for (int64_t j = 0; j < r; ++j) {
+        const float* bj = f.b.data() + j * og;
+        float acc = 0;
+        for (int64_t o = 0; o < og; ++o) acc += dyg[o] * bj[o];
+        v[size_t(m * R + g * r + j)] = acc;
+      }
     }
+  // dx[M, in] += scale · v · Aᵀ
+  if (dx)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(t.in), int(R), t.scale, v.data(), int(R),
+                f.a.data(), int(R), 1.f, dx, int(t.in));
+  // ∂A [in, R] = scale · xᵀ · v, added into each group's strided A
+  if (t.grad_a) {
+    std::vector<float> grad(static_cast<size_t>(t.in * R));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(t.in), int(R), int(M), t.scale, x, int(t.in), v.data(),
+                int(R), 0.f, grad.data(), int(R));
+    for (int64_t g = 0; g < t.groups; ++g)
+      for (int64_t i = 0; i < t.in; ++i)
+        for (int64_t j = 0; j < r; ++j) t.grad_a[g * t.a_group + i * t.a_row + j * t.a_col] += grad[size_t(i * R + g * r + j)];
+  }
+  // ∂B(j, o) += scale · Σ_m Σ_g u[m, g·r + j] · dy[m, g·og + o] with u = x · A
+  if (t.grad_b) {
+    std::vector<float> u(static_cast<size_t>(M * R)), grad(static_cast<size_t>(r * og), 0.f);
+    project_down(x, M, t, f, u.data());
+#pragma omp parallel for schedule(static) if (M * out * r > 65536)
+    for (int64_t o0 = 0; o0 < og; o0 += 64) {  // each thread owns a band of B's columns
+      const int64_t o1 = std::min(og, o0 + 64);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t g = 0; g < t.groups; ++g) {
+          const float* dyg = dy + m * out + g * og;
+          for (int64_t j = 0; j < r; ++j) {
+            const float c = u[size_t(m * R + g * r + j)];
+            float* gj = grad.data() + j * og;
+            for (int64_t o = o0; o < o1; ++o) gj[o] += c * dyg[o];
+          }
+        }
+    }
+    for (int64_t j = 0; j < r; ++j)
+      for (int64_t o = 0; o < og; ++o) t.grad_b[j * t.b_row + o * t.b_col] += t.scale * grad[size_t(j * og + o)];
   }
 }
 
