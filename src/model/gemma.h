@@ -45,8 +45,9 @@ struct GemmaModel {
   WeightMatrix embeddings;  // (V, D), tied with the output projection
   std::vector<DecoderLayerWeights> layers;
   std::vector<float> final_norm;  // (D,)
-  // Optional: builds a block's weights on demand (e.g. all-gathered from this process' blocks,
-  // with LoRA merged in) so that only one block is whole at a time. Unset: `layers` is used.
+  // Optional: builds a block's weights on demand (e.g. all-gathered from this process' blocks; for
+  // inference merge_lora merges as it builds) so that only one block is whole at a time. Unset:
+  // `layers` is used.
   std::function<DecoderLayerWeights(int layer)> layer_source;
   DecoderLayerWeights layer_weights(int layer) const {
     return layer_source ? layer_source(layer) : layers[size_t(layer)];
