@@ -97,20 +97,6 @@ void expect_error(F&& f, const std::vector<std::string>& parts) {
   }
 }
 
-GemmaConfig gemma_7b_config() {
-  GemmaConfig c;
-  c.family = 1;
-  c.vocab_size = 256000;
-  c.num_layers = 28;
-  c.num_query_heads = 16;
-  c.num_key_value_heads = 16;
-  c.hidden_dim = 3072;
-  c.ffw_dim = 24576;
-  c.head_dim = 256;
-  c.query_scale_dim = 256;
-  return c;
-}
-
 TEST(Lora, TargetsAndNames) {
   EXPECT_EQ(parse_lora_targets({"query", "value"}), (std::vector<Slot>{Slot::Query, Slot::Value}));
   EXPECT_EQ(parse_lora_targets({"all"}), kAll);
@@ -138,7 +124,7 @@ TEST(Lora, TargetsAndNames) {
 
 TEST(Lora, TrainableCountsMatchKeras) {
   // Spec §7: L·r·[(N·D+H)+(K·D+H)] = 11,067,392 for Gemma 7B at rank 4.
-  GemmaConfig c7 = gemma_7b_config();
+  GemmaConfig c7 = preset_config("gemma_7b_en");
   LoraWeights w7 = enable_lora(c7, 4, {Slot::Query, Slot::Value}, 1);
   EXPECT_EQ(w7.num_parameters(), 11067392);
   const long long formula = 28LL * 4 * ((16LL * 3072 + 256) + (16LL * 3072 + 256));
@@ -196,7 +182,7 @@ TEST(Lora, HeUniformInitAndZeroB) {
   EXPECT_NE(other.adapters[5].a, w.adapters[5].a);
   EXPECT_EQ(enable_lora(m.config, 2, kAll, 1, 16.0).scale(), 8.0);
   // Gemma 7B query: limit √(6/(16·3072)) ≈ 0.01105 (spec §7).
-  LoraWeights w7 = enable_lora(gemma_7b_config(), 1, {Slot::Query}, 1);
+  LoraWeights w7 = enable_lora(preset_config("gemma_7b_en"), 1, {Slot::Query}, 1);
   float max7 = 0;
   for (float v : w7.adapters[0].a) max7 = std::max(max7, std::fabs(v));
   EXPECT_LE(max7, 0.011049f);

@@ -34,7 +34,6 @@ static uint64_t xgetbv0() {
 const CpuFeatures& cpu_features() {
   static const CpuFeatures f = [] {
     CpuFeatures c;
-    c.model = cpu_model_name();
     unsigned a = 0, b = 0, cx = 0, d = 0;
     if (!__get_cpuid(1, &a, &b, &cx, &d)) return c;
     const bool osxsave = cx & (1u << 27), avx = cx & (1u << 28);
@@ -165,7 +164,10 @@ std::vector<std::string> kernel_report() {
                                                            : "avx512 (512-bit FMA)";
   const int parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
   return {
-      "cpu: " + (f.model.empty() ? std::string("unknown model") : f.model),
+      "cpu: " + [] {  // read only for the report: start-up needs just the feature bits
+        const std::string model = cpu_model_name();
+        return model.empty() ? std::string("unknown model") : model;
+      }(),
       "cpu features: " + f.summary(),
       std::string("kernel path: ") + cpu_path_name(path) + (forced ? " (forced by MESHTUNE_CPU)" : " (the best this CPU supports)") +
           "; supported: " + supported,

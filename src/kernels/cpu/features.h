@@ -11,7 +11,6 @@ namespace meshtune {
 enum class CpuPath { Generic, Avx2, Avx512, Avx512Bf16 };
 
 struct CpuFeatures {
-  std::string model;  // "AMD EPYC 9R14 …" (from /proc/cpuinfo; may be empty)
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false, avx512_vnni = false, avx_vnni = false, amx_bf16 = false;
