@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
     // --- load: the API calls (safetensors are memory-mapped, so this is mostly header parsing) ---
     auto t0 = Clock::now();
     const ModelDir dir = inspect_model_dir(path);
-    const GemmaModel model = load_model(dir, /*keep_bf16=*/true);
+    const GemmaModel model = load_model(dir);
     const double load_s = seconds_since(t0);
     const GemmaConfig& c = model.config;
     const int64_t V = c.vocab_size, D = c.hidden_dim, T = o.prompt;

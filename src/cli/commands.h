@@ -13,6 +13,7 @@ struct ModelOptions {
   std::string models_dir;  // extra search root for preset names
   bool fp32_weights = false;  // widen bf16-stored weights to fp32 at load
   std::string lora;        // adapter to merge (.lora.h5 or PEFT directory), "" = none
+  std::string quantize;    // "int8": quantize the matrices at load (Keras' formula); "" = as stored
   void add_to(CLI::App& app, bool with_lora = true, bool required = true);
 };
 

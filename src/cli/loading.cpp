@@ -17,7 +17,11 @@ LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_toke
   LoadedModel loaded;
   loaded.dir = inspect_model_dir(resolve_model_path(options.model, options.models_dir));
   auto t0 = std::chrono::steady_clock::now();
-  loaded.model = load_model(loaded.dir, !options.fp32_weights, options.lora.empty() ? blocks : VariableBlocks{});
+  LoadOptions load;
+  load.keep_bf16 = !options.fp32_weights;
+  load.quantize_int8 = options.quantize == "int8";
+  if (options.lora.empty()) load.block_of = blocks;
+  loaded.model = load_model(loaded.dir, load);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool main_process = world().rank() == 0;  // one log line per job, not per rank
   if (main_process) std::cerr << "loaded " << loaded.dir.path << " ("
@@ -25,10 +29,15 @@ LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_toke
             << loaded.model.config.family << ", " << loaded.model.config.num_parameters() << " parameters) in "
             << seconds << " s\n";
   if (!options.lora.empty()) {
-    LoraWeights lora = load_lora_adapter(options.lora, loaded.model.config);
-    loaded.model = merge_lora(loaded.model, lora);
-    if (main_process) std::cerr << "merged LoRA adapter " << options.lora << " (rank " << lora.rank << ", " << lora.num_parameters()
-              << " parameters)\n";
+    loaded.lora = std::make_unique<LoraWeights>(load_lora_adapter(options.lora, loaded.model.config));
+    const LoraWeights& lora = *loaded.lora;
+    // Over int8 weights the adapter stays a low-rank term (Keras does not merge either: merging
+    // would need a float copy of W and re-quantizing changes the numbers, int8.md §5).
+    const bool low_rank = loaded.model.has_int8();
+    if (low_rank) attach_lora(loaded.model, *loaded.lora, loaded.model.config);
+    else loaded.model = merge_lora(loaded.model, lora);
+    if (main_process) std::cerr << (low_rank ? "attached" : "merged") << " LoRA adapter " << options.lora << " (rank "
+              << lora.rank << ", " << lora.num_parameters() << " parameters)\n";
   }
   if (need_tokenizer) {
     check(!loaded.dir.tokenizer_path.empty(), loaded.dir.path, ": no tokenizer (",

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "model/lora.h"
 #include "store/load.h"
 #include "text/tokenizer.h"
 
@@ -13,6 +14,7 @@ struct LoadedModel {
   ModelDir dir;
   GemmaModel model;
   std::unique_ptr<Tokenizer> tokenizer;  // null when not asked for
+  std::unique_ptr<LoraWeights> lora;     // an adapter the model uses as low-rank terms (int8 base)
 };
 
 // The model's config alone (to plan a mesh layout before the weights are read).

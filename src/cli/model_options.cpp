@@ -9,6 +9,9 @@ void ModelOptions::add_to(CLI::App& app, bool with_lora, bool required) {
   if (with_lora)
     app.add_option("--lora", lora, "Merge this LoRA adapter (Keras .lora.h5 or a PEFT directory) into the model");
   app.add_flag("--fp32-weights", fp32_weights, "Widen bf16-stored weights to fp32 at load (default: keep bf16)");
+  app.add_option("--quantize", quantize,
+                 "Quantize the weights at load as Keras' model.quantize(MODE) does; MODE: int8 (one process for now)")
+      ->check(CLI::IsMember({"int8"}));
 }
 
 }  // namespace meshtune::cli

@@ -11,7 +11,7 @@ size_t dtype_size(DType dt) {
     case DType::F32: case DType::I32: return 4;
     case DType::BF16: case DType::F16: return 2;
     case DType::I64: return 8;
-    case DType::U8: case DType::BOOL: return 1;
+    case DType::I8: case DType::U8: case DType::BOOL: return 1;
   }
   return 0;
 }
@@ -23,6 +23,7 @@ const char* dtype_name(DType dt) {
     case DType::F16: return "float16";
     case DType::I32: return "int32";
     case DType::I64: return "int64";
+    case DType::I8: return "int8";
     case DType::U8: return "uint8";
     case DType::BOOL: return "bool";
   }

@@ -12,10 +12,10 @@
 
 namespace meshtune {
 
-enum class DType { F32, BF16, F16, I32, I64, U8, BOOL };
+enum class DType { F32, BF16, F16, I32, I64, I8, U8, BOOL };
 
 size_t dtype_size(DType dt);
-const char* dtype_name(DType dt);  // "float32", "bfloat16", "float16", "int32", "int64", "uint8", "bool"
+const char* dtype_name(DType dt);  // "float32", "bfloat16", "float16", "int32", "int64", "int8", "uint8", "bool"
 
 using Shape = std::vector<int64_t>;
 int64_t num_elements(const Shape& shape);

@@ -207,6 +207,9 @@ HostTensor read_dataset(hid_t file, const std::string& path, const std::string& 
   } else if (type_class == H5T_INTEGER && type_size == 1 && H5Tget_sign(file_type.get()) == H5T_SGN_NONE) {
     dtype = DType::U8;
     mem_type = H5T_NATIVE_UINT8;
+  } else if (type_class == H5T_INTEGER && type_size == 1 && H5Tget_sign(file_type.get()) == H5T_SGN_2) {
+    dtype = DType::I8;  // Keras' int8 kernels
+    mem_type = H5T_NATIVE_INT8;
   } else {
     fail(where, ": unsupported type (", class_name(type_class), " of ", type_size, " bytes)");
   }
@@ -307,6 +310,7 @@ void write_dataset(hid_t file, hid_t lcpl, const std::string& path, const std::s
       break;
     case DType::I32: file_type = H5T_STD_I32LE; mem_type = H5T_NATIVE_INT32; break;
     case DType::I64: file_type = H5T_STD_I64LE; mem_type = H5T_NATIVE_INT64; break;
+    case DType::I8: file_type = H5T_STD_I8LE; mem_type = H5T_NATIVE_INT8; break;
     case DType::U8: case DType::BOOL: file_type = H5T_STD_U8LE; mem_type = H5T_NATIVE_UINT8; break;
   }
 

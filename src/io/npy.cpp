@@ -131,6 +131,7 @@ bool descr_to_dtype(const std::string& descr, DType* dt) {
   // One-byte types have no byte order; numpy writes '|' but accept '<' too.
   if (descr == "|b1" || descr == "<b1") { *dt = DType::BOOL; return true; }
   if (descr == "|u1" || descr == "<u1") { *dt = DType::U8; return true; }
+  if (descr == "|i1" || descr == "<i1") { *dt = DType::I8; return true; }
   return false;
 }
 
@@ -142,6 +143,7 @@ const char* dtype_to_descr(DType dt) {
     case DType::I64: return "<i8";
     case DType::BOOL: return "|b1";
     case DType::U8: return "|u1";
+    case DType::I8: return "|i1";
     case DType::BF16: return nullptr;  // numpy has no bfloat16
   }
   return nullptr;

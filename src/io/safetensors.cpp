@@ -48,6 +48,7 @@ const char* safetensors_dtype_name(DType dt) {
     case DType::F16: return "F16";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::I8: return "I8";
     case DType::U8: return "U8";
     case DType::BOOL: return "BOOL";
   }
@@ -55,7 +56,7 @@ const char* safetensors_dtype_name(DType dt) {
 }
 
 bool parse_dtype(const std::string& s, DType* out) {
-  for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::U8, DType::BOOL}) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64, DType::I8, DType::U8, DType::BOOL}) {
     if (s == safetensors_dtype_name(dt)) {
       *out = dt;
       return true;
@@ -84,7 +85,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   check(dtype_it != value.end() && dtype_it->is_string(), where, ": missing or non-string \"dtype\"");
   const std::string& dtype_str = dtype_it->get_ref<const std::string&>();
   check(parse_dtype(dtype_str, &e.dtype), where, ": unsupported dtype \"", dtype_str,
-        "\" (supported: F32, BF16, F16, I32, I64, U8, BOOL)");
+        "\" (supported: F32, BF16, F16, I32, I64, I8, U8, BOOL)");
 
   auto shape_it = value.find("shape");
   check(shape_it != value.end() && shape_it->is_array(), where, ": missing or non-array \"shape\"");

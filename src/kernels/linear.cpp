@@ -8,14 +8,15 @@
 
 #include "kernels/cpu/features.h"
 #include "kernels/cpu/gemv.h"
+#include "kernels/int8.h"
 
 namespace meshtune {
 
 void WeightMatrix::row_to_f32(int64_t r, float* out) const {
-  if (dtype == DType::F32) {
-    std::copy(f32() + r * cols, f32() + (r + 1) * cols, out);
-  } else {
-    widen_bf16(bf16() + r * cols, cols, out);
+  switch (dtype) {
+    case DType::BF16: return widen_bf16(bf16() + r * cols, cols, out);
+    case DType::I8: return dequantize_int8(i8() + r * cols, cols, scales[r], out);
+    default: std::copy(f32() + r * cols, f32() + (r + 1) * cols, out);
   }
 }
 
@@ -119,6 +120,7 @@ void linear(const float* x, int64_t M, const WeightMatrix& W, float* y) {
     std::fill(y, y + M * W.rows, 0.f);
     return;
   }
+  if (W.dtype == DType::I8) return linear_int8(x, M, W, y);
   if (M <= kFewRows) return linear_few_rows(x, M, W, y);
   if (W.dtype == DType::F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(W.rows), int(W.cols), 1.f, x, int(W.cols),
@@ -137,7 +139,7 @@ void linear_backward_input(const float* dy, int64_t M, const WeightMatrix& W, fl
                 W.f32(), int(W.cols), beta, dx, int(W.cols));
     return;
   }
-  // bf16 weights: widen a block of rows (a slice of the contraction) at a time and accumulate.
+  // bf16 / int8 weights: widen (dequantize) a block of rows (a slice of the contraction) at a time and accumulate.
   const int64_t block = std::max<int64_t>(64, (int64_t(1) << 22) / std::max<int64_t>(1, W.cols));
   std::vector<float> scratch(static_cast<size_t>(std::min(block, W.rows) * W.cols));
   for (int64_t r0 = 0; r0 < W.rows; r0 += block) {

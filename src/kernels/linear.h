@@ -1,5 +1,5 @@
 // The linear-layer kernel and its backward: y = x · Wᵀ with W stored [out, in] row-major (Hugging
-// Face's Linear layout), in fp32 or bf16. Large batches go to OpenBLAS sgemm; a few rows (decode)
+// Face's Linear layout), in fp32, bf16 or int8 (kernels/int8.h). Large batches go to OpenBLAS sgemm; a few rows (decode)
 // take a matrix-vector path that streams W once at memory bandwidth, converting bf16 on the fly,
 // chosen at run time for the CPU (kernels/cpu/gemv.h).
 #pragma once
@@ -11,23 +11,34 @@
 
 namespace meshtune {
 
+// A weight matrix [rows = out, cols = in], row-major, tagged with its dtype: F32, BF16, or I8 codes
+// with one fp32 scale per row (output channel), W[r, c] = code[r, c] / scales[r] — Keras' int8
+// `kernel_scale` convention (kernels/int8.h).
 struct WeightMatrix {
   int64_t rows = 0;  // out
   int64_t cols = 0;  // in
-  DType dtype = DType::F32;  // F32 or BF16
+  DType dtype = DType::F32;  // F32, BF16 or I8
   const void* data = nullptr;
-  std::shared_ptr<const void> owner;  // keeps data alive (own buffer or a memory map)
+  std::shared_ptr<const void> owner;  // keeps data (and scales) alive: own buffer or a memory map
   bool mapped = false;  // data lies in a memory-mapped file: a part may be shared without keeping
                         // heap memory alive (ShardedModel keeps such row blocks as views)
+  const float* scales = nullptr;  // I8 only: [rows]
 
   const float* f32() const { return static_cast<const float*>(data); }
   const uint16_t* bf16() const { return static_cast<const uint16_t*>(data); }
-  size_t nbytes() const { return size_t(rows) * size_t(cols) * dtype_size(dtype); }
+  const int8_t* i8() const { return static_cast<const int8_t*>(data); }
+  size_t nbytes() const {
+    return size_t(rows) * size_t(cols) * dtype_size(dtype) + (dtype == DType::I8 ? size_t(rows) * 4 : 0);
+  }
   float at(int64_t r, int64_t c) const {
     size_t i = size_t(r) * size_t(cols) + size_t(c);
-    return dtype == DType::F32 ? f32()[i] : bf16_to_f32(bf16()[i]);
+    switch (dtype) {
+      case DType::BF16: return bf16_to_f32(bf16()[i]);
+      case DType::I8: return float(i8()[i]) / scales[r];
+      default: return f32()[i];
+    }
   }
-  // Row r converted to fp32 into out[cols].
+  // Row r converted to fp32 into out[cols] (I8: dequantized, code / scale).
   void row_to_f32(int64_t r, float* out) const;
   // All values as fp32 (a copy), and a matrix owning the given fp32 values.
   std::vector<float> to_f32() const;
@@ -40,7 +51,9 @@ void linear(const float* x, int64_t M, const WeightMatrix& W, float* y);
 // The plain triple loop (double accumulation): the reference the tests compare `linear` against.
 void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y);
 
-// Backward of linear (y = x·Wᵀ, W [out, in]): dx = dy·W and dW = dyᵀ·x, through OpenBLAS.
+// Backward of linear (y = x·Wᵀ, W [out, in]): dx = dy·W and dW = dyᵀ·x, through OpenBLAS. For I8,
+// dx uses the dequantized W and treats the activation quantizer as the identity (straight-through),
+// as Keras' int8 EinsumDense gradient does.
 // dx[M, cols] (+)= dy[M, rows] · W. `accumulate` adds into dx instead of overwriting.
 void linear_backward_input(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate = false);
 

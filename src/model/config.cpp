@@ -71,13 +71,28 @@ void GemmaConfig::validate(const std::string& source) const {
         source, ": implausible model dimensions");
 }
 
-// The dtype a Keras config declares: a string, or a DTypePolicy object {"config": {"name": …}}.
-static std::string keras_dtype(const JsonValue& c) {
+// The dtype a Keras config declares: a string, a DTypePolicy object {"config": {"name": …}}, or —
+// after `quantize("int8")` — a DTypePolicyMap: its default policy (null: float32) and, in
+// `int8_layers`, the layer paths it maps to QuantizedDTypePolicy mode "int8" (int8.md §4).
+static std::string keras_dtype(const JsonValue& c, std::set<std::string>& int8_layers) {
   auto dtype = c.find("dtype");
   if (!dtype) return "float32";
   if (dtype->is_string()) return dtype->string();
   if (!dtype->is_object()) dtype->fail("must be a string or a DTypePolicy object");
-  return (*dtype)["config"]["name"].string();
+  if (dtype->string_or("class_name", "") != "DTypePolicyMap") return (*dtype)["config"]["name"].string();
+  const JsonValue map = (*dtype)["config"];
+  for (const auto& [layer, policy] : map["policy_map"].members()) {
+    const std::string cls = policy.is_object() ? policy.string_or("class_name", "") : "";
+    if (cls != "QuantizedDTypePolicy" && cls != "DTypePolicy") policy.fail("expected a QuantizedDTypePolicy");
+    if (cls == "DTypePolicy") continue;  // a float layer named explicitly
+    const std::string mode = policy["config"]["mode"].string();
+    if (mode != "int8") policy["config"]["mode"].fail("quantization mode \"", brief(mode), "\" is not supported (only int8)");
+    int8_layers.insert(layer);
+  }
+  auto fallback = map.find("default_policy");
+  if (!fallback) return "float32";
+  if (fallback->is_string()) return fallback->string();
+  return (*fallback)["config"]["name"].string();
 }
 
 GemmaConfig GemmaConfig::from_keras_json(const json& j, const std::string& source) {
@@ -104,7 +119,7 @@ GemmaConfig GemmaConfig::from_keras_json(const json& j, const std::string& sourc
   g.attention_logit_soft_cap = float(c.number_or("attention_logit_soft_cap", 0));
   g.use_sliding_window_attention = c.boolean_or("use_sliding_window_attention", false);
   g.sliding_window_size = int(c.integer_or("sliding_window_size", 0, 0, kMaxWindow));
-  g.stored_dtype = keras_dtype(c);
+  g.stored_dtype = keras_dtype(c, g.int8_layers);
   if (cls == "Gemma3Backbone") {
     g.family = 3;
     g.ffw_dim = int(intermediate);

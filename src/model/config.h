@@ -4,6 +4,7 @@
 // at `family`: everything else reads the fields (the attention pattern, the stop tokens, the names
 // the formats use).
 #pragma once
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,9 @@ struct GemmaConfig {
   float rope_local_scaling = 1.f;
   float rope_global_scaling = 1.f;
   std::string stored_dtype = "float32";  // the dtype the file declared (informational)
+  // Keras layer paths stored as int8 codes + scales ("token_embedding", "decoder_block_0/ffw_linear"):
+  // a quantized preset's DTypePolicyMap (kernels/int8.h). Empty for float checkpoints.
+  std::set<std::string> int8_layers;
   // The longest sequence (prompt + generation, or a training row) the model was trained for: HF
   // max_position_embeddings, else the family's (8192 for Gemma 1/2, 131072 for Gemma 3).
   int max_sequence_length = kGemma12MaxPositions;

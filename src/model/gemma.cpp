@@ -24,6 +24,15 @@ size_t GemmaModel::weight_bytes() const {
   return total;
 }
 
+bool GemmaModel::has_int8() const {
+  if (embeddings.dtype == DType::I8) return true;
+  for (const auto& l : layers)
+    for (const auto* m : {&l.query, &l.key, &l.value, &l.attention_output, &l.ffw_gating, &l.ffw_gating_2,
+                          &l.ffw_linear})
+      if (m->dtype == DType::I8) return true;
+  return false;
+}
+
 WeightMatrix* DecoderLayerWeights::matrix(Slot slot) {
   switch (slot) {
     case Slot::Query: return &query;

@@ -64,7 +64,8 @@ struct GemmaModel {
   int64_t vocab_offset = 0;
   bool vocab_parallel() const { return embeddings.rows < config.vocab_size; }
 
-  size_t weight_bytes() const;  // bytes of all weights as stored in memory
+  size_t weight_bytes() const;  // bytes of all weights as stored in memory (int8 scales included)
+  bool has_int8() const;        // any matrix stored as int8 codes
 
   // The storage of variable `slot` (of decoder block `layer`): its matrix for projections and the
   // embedding (else nullptr), its vector for norm scales (else nullptr).

@@ -82,6 +82,8 @@ ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh
     // as it is (fp32 or bf16). A block of whole rows of a memory-mapped checkpoint is a view of the
     // file; other blocks are copied in the stored dtype (so the whole buffer can be freed).
     const WeightMatrix* w = model_.matrix(spec.slot, spec.layer);
+    check(!w || w->dtype != DType::I8, spec.keras_path,
+          ": int8 weights cannot be split across a mesh yet (run int8 on one process, or use float weights)");
     const bool loaded_as_block = holds_only_block(model_, spec, shard);
     WeightMatrix values;
     if (w && loaded_as_block) values = *w;

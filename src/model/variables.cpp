@@ -69,6 +69,26 @@ std::vector<VariableSpec> gemma_variables(const GemmaConfig& c) {
   return vars;
 }
 
+std::string keras_layer(const VariableSpec& spec) { return spec.keras_path.substr(0, spec.keras_path.rfind('/')); }
+
+std::string keras_int8_scale_path(const VariableSpec& spec) {
+  std::string path = spec.h5_path;  // ".../vars/0"
+  path.back() = '1';
+  return path;
+}
+
+Shape keras_int8_scale_shape(const VariableSpec& spec) {
+  const Shape& k = spec.keras_shape;
+  switch (spec.kind) {
+    case VarKind::Embedding: return {k[0]};
+    case VarKind::HeadsIn: return {1, 1, k[0], k[2]};
+    case VarKind::HeadsOut: return {1, 1, k[2]};
+    case VarKind::Dense: return {1, 1, k[1]};
+    case VarKind::Norm: break;
+  }
+  fail(spec.keras_path, ": a norm scale has no int8 form");
+}
+
 // dst[a][b][c] (row-major, shape `od`) = src[a·s0 + b·s1 + c·s2], in tiles of kTile³ elements so
 // that reads and writes both stay within a few cache lines whatever the permutation (walking the
 // output in order reads the source a cache line per element: minutes for a 7B model's matrices).

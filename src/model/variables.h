@@ -42,6 +42,16 @@ std::vector<int> our_dimensions(VarKind kind);
 
 std::vector<VariableSpec> gemma_variables(const GemmaConfig& config);
 
+// The Keras layer a variable belongs to: its path without the variable's name
+// ("decoder_block_0/attention/query", "token_embedding").
+std::string keras_layer(const VariableSpec& spec);
+// A matrix variable of an int8 layer (Keras `quantize("int8")`, kernels/int8.h): the h5 dataset of
+// its scale (vars/1 beside the kernel's vars/0) and the shape Keras stores it in — broadcast
+// against the layer's output: (1, 1, n, h) for query/key/value, (1, 1, out) for the other
+// projections, (V,) for the embedding.
+std::string keras_int8_scale_path(const VariableSpec& spec);
+Shape keras_int8_scale_shape(const VariableSpec& spec);
+
 // Converts a tensor between Keras layout and ours (= HF), any element size. `to_ours` picks the
 // direction. Returns a new owning tensor of the same dtype.
 HostTensor keras_to_ours(const HostTensor& keras, VarKind kind);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -11,6 +12,7 @@
 #include "core/json.h"
 #include "io/keras_h5.h"
 #include "io/safetensors.h"
+#include "kernels/int8.h"
 #include "model/variables.h"
 
 namespace meshtune {
@@ -117,7 +119,38 @@ GemmaConfig read_model_config(const ModelDir& dir) {
                                           : GemmaConfig::from_hf_json(config, dir.config_path);
 }
 
-GemmaModel load_model(const ModelDir& dir, bool keep_bf16, const VariableBlocks& block_of) {
+// An int8 layer's kernel codes (already in our layout) and the scale dataset beside them, checked
+// against the shapes Keras writes (int8.md §2).
+static WeightMatrix int8_matrix(const HostTensor& codes, const VariableSpec& spec,
+                                std::map<std::string, HostTensor>& tensors, const std::string& weights_file) {
+  const std::string scale_name = keras_int8_scale_path(spec);
+  auto it = tensors.find(scale_name);
+  check(it != tensors.end(), weights_file, ": missing tensor ", scale_name, " (the int8 scale of ", keras_layer(spec),
+        ")");
+  HostTensor scale = it->second;
+  tensors.erase(it);
+  check(scale.dtype == DType::F32, weights_file, ": tensor ", scale_name, " (int8 scale of ", keras_layer(spec),
+        ") has dtype ", dtype_name(scale.dtype), ", expected float32");
+  check(scale.shape == keras_int8_scale_shape(spec), weights_file, ": tensor ", scale_name, " (int8 scale of ",
+        keras_layer(spec), ") has shape ", shape_str(scale.shape), ", expected ", shape_str(keras_int8_scale_shape(spec)));
+  struct Storage {
+    HostTensor codes, scale;
+  };
+  auto storage = std::make_shared<Storage>(Storage{codes, scale});
+  WeightMatrix m;
+  m.rows = codes.shape[0];
+  m.cols = num_elements(codes.shape) / std::max<int64_t>(1, codes.shape[0]);
+  m.dtype = DType::I8;
+  m.data = codes.data;
+  m.scales = scale.as<float>();  // Keras' broadcast shapes flatten to our row order
+  m.owner = storage;
+  check(reinterpret_cast<uintptr_t>(m.scales) % alignof(float) == 0, weights_file, ": tensor ", scale_name, " is misaligned");
+  return m;
+}
+
+GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
+  const bool keep_bf16 = options.keep_bf16;
+  const VariableBlocks& block_of = options.block_of;
   GemmaModel model;
   const bool keras = dir.format == ModelFormat::Keras;
   model.config = read_model_config(dir);
@@ -152,6 +185,8 @@ GemmaModel load_model(const ModelDir& dir, bool keep_bf16, const VariableBlocks&
 
   const GemmaConfig& c = model.config;
   model.layers.resize(size_t(c.num_layers));
+  std::set<std::string> int8_layers = c.int8_layers;
+  check(int8_layers.empty() || boxes.empty(), dir.path, ": an int8 preset loads on one process for now (not under a mesh)");
   for (const VariableSpec& spec : gemma_variables(c)) {
     const std::string& name = keras ? spec.h5_path : spec.hf_name;
     auto it = tensors.find(name);
@@ -162,14 +197,24 @@ GemmaModel load_model(const ModelDir& dir, bool keep_bf16, const VariableBlocks&
     const Shape& expected = box != boxes.end() ? Shape(box->second.count.begin(), box->second.count.end())
                             : keras          ? spec.keras_shape
                                              : spec.hf_shape;
-    check(is_float_dtype(t.dtype), weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype),
-          ", expected a floating-point type");
     check(t.shape == expected, weights_file, ": tensor ", name, " has shape ", shape_str(t.shape), ", but ",
           dir.config_path, " implies ", shape_str(expected));
+    WeightMatrix* w = model.matrix(spec.slot, spec.layer);
+    if (w && int8_layers.erase(keras_layer(spec))) {
+      check(t.dtype == DType::I8, weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype), ", but ",
+            dir.config_path, "'s dtype policy map makes ", keras_layer(spec), " int8");
+      *w = int8_matrix(keras_to_ours(t, spec.kind), spec, tensors, weights_file);
+      continue;
+    }
+    check(is_float_dtype(t.dtype), weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype),
+          ", expected a floating-point type", t.dtype == DType::I8 ? " (int8 needs a dtype policy map in config.json)" : "");
     if (keras) t = keras_to_ours(t, spec.kind);
-    if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = to_matrix(t, keep_bf16, /*mapped=*/!keras);
-    else *model.vector(spec.slot, spec.layer) = to_f32(t);
+    if (!w) *model.vector(spec.slot, spec.layer) = to_f32(t);
+    else if (options.quantize_int8) *w = quantize_matrix_int8(to_matrix(t, /*keep_bf16=*/true, !keras));
+    else *w = to_matrix(t, keep_bf16, /*mapped=*/!keras);
   }
+  check(int8_layers.empty(), dir.config_path, ": the dtype policy map names layer ",
+        int8_layers.empty() ? "" : *int8_layers.begin(), ", which has no matrix in this model");
   return model;
 }
 

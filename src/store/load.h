@@ -28,18 +28,27 @@ std::string resolve_model_path(const std::string& model, const std::string& mode
 // Detects the format and reads the config. Throws Error naming the directory/file.
 ModelDir inspect_model_dir(const std::string& dir);
 
-// Loads config and weights. `keep_bf16` keeps bf16-stored matrices as bf16 (converted inside the
-// kernels); otherwise everything is widened to fp32 at load. fp32 safetensors are memory-mapped
-// and used in place. Every tensor's presence, dtype and shape are checked against the config;
-// errors name the file and the tensor.
-//
-// Sharded loading: for a Keras preset, `block_of` may name a box (in the variable's Keras
-// dimensions) for variables of which this process needs only a block; just that box is read from
-// the file (HDF5 hyperslab), and the variable then holds only its block (in our layout) — which
-// ShardedModel recognises by its size. Safetensors are memory-mapped, so they need no boxes: a
-// process only touches the pages of the rows it uses.
-using VariableBlocks = std::function<std::optional<DatasetBox>(const VariableSpec& spec)>;
-GemmaModel load_model(const ModelDir& dir, bool keep_bf16 = true, const VariableBlocks& block_of = {});
+// How load_model stores the matrices.
+struct LoadOptions {
+  // Keep bf16-stored matrices as bf16 (converted inside the kernels); false widens them to fp32.
+  bool keep_bf16 = true;
+  // Quantize every float matrix (the 7 projections of each block and the tied embedding) to int8
+  // as it is loaded, with Keras' formula (kernels/int8.h), so the float copy never exists whole.
+  bool quantize_int8 = false;
+  // Sharded loading: for a Keras preset, `block_of` may name a box (in the variable's Keras
+  // dimensions) for variables of which this process needs only a block; just that box is read from
+  // the file (HDF5 hyperslab), and the variable then holds only its block (in our layout) — which
+  // ShardedModel recognises by its size. Safetensors are memory-mapped, so they need no boxes: a
+  // process only touches the pages of the rows it uses.
+  std::function<std::optional<DatasetBox>(const VariableSpec& spec)> block_of;
+};
+using VariableBlocks = decltype(LoadOptions::block_of);
+
+// Loads config and weights. fp32 safetensors are memory-mapped and used in place. A Keras int8
+// preset (a DTypePolicyMap in config.json, int8.md §4) loads as int8 codes with their scales.
+// Every tensor's presence, dtype and shape are checked against the config; errors name the file
+// and the tensor.
+GemmaModel load_model(const ModelDir& dir, const LoadOptions& options = {});
 // The config alone (to plan a layout before loading).
 GemmaConfig read_model_config(const ModelDir& dir);
 

@@ -20,6 +20,7 @@ using json = nlohmann::json;
 // A model variable as a HostTensor in our (= HF) layout, aliasing the model's memory.
 static HostTensor variable_tensor(const GemmaModel& model, const VariableSpec& spec) {
   auto from_matrix = [&](const WeightMatrix& m) {
+    check(m.dtype != DType::I8, spec.keras_path, ": writing int8 weights is not supported yet (load without --quantize)");
     HostTensor t;
     t.dtype = m.dtype;
     t.shape = spec.hf_shape;

@@ -1,0 +1,87 @@
+#include "kernels/int8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "kernels/cpu/features.h"
+#include "kernels/cpu/int8_dot.h"
+
+namespace meshtune {
+
+// Keras: 127 / (max|v| + 1e-7), float32 add then float32 divide.
+static float absmax_scale(const float* values, int64_t n) {
+  float m = 0.f;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(values[i]));
+  return 127.0f / (m + 1e-7f);
+}
+
+float quantize_int8(const float* values, int64_t n, int8_t* codes) {
+  const float s = absmax_scale(values, n);
+  for (int64_t i = 0; i < n; ++i) {
+    // nearbyint rounds half to even in the default rounding mode, as np.round does (roundf would not).
+    const float q = std::nearbyint(values[i] * s);
+    codes[i] = int8_t(std::clamp(q, -127.f, 127.f));
+  }
+  return s;
+}
+
+void dequantize_int8(const int8_t* codes, int64_t n, float scale, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = float(codes[i]) / scale;
+}
+
+// The codes [rows, cols] followed by the scales [rows], in one buffer.
+struct Int8Storage {
+  std::vector<int8_t> codes;
+  std::vector<float> scales;
+};
+
+WeightMatrix quantize_matrix_int8(const WeightMatrix& W) {
+  auto storage = std::make_shared<Int8Storage>();
+  storage->codes.resize(size_t(W.rows) * size_t(W.cols));
+  storage->scales.resize(size_t(W.rows));
+  std::vector<float> row(static_cast<size_t>(W.cols));
+  for (int64_t r = 0; r < W.rows; ++r) {
+    W.row_to_f32(r, row.data());
+    storage->scales[size_t(r)] = quantize_int8(row.data(), W.cols, storage->codes.data() + r * W.cols);
+  }
+  WeightMatrix q;
+  q.rows = W.rows;
+  q.cols = W.cols;
+  q.dtype = DType::I8;
+  q.data = storage->codes.data();
+  q.scales = storage->scales.data();
+  q.owner = storage;
+  return q;
+}
+
+void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y) {
+  std::vector<int8_t> codes(static_cast<size_t>(M * W.cols));
+  std::vector<float> x_scales(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) x_scales[size_t(m)] = quantize_int8(x + m * W.cols, W.cols, codes.data() + m * W.cols);
+  std::vector<int32_t> sums(static_cast<size_t>(M * W.rows));
+  switch (cpu_path()) {
+    case CpuPath::Avx512:
+    case CpuPath::Avx512Bf16: cpu::dot_int8_avx512(codes.data(), M, W.i8(), W.rows, W.cols, sums.data()); break;
+    case CpuPath::Avx2: cpu::dot_int8_avx2(codes.data(), M, W.i8(), W.rows, W.cols, sums.data()); break;
+    case CpuPath::Generic: cpu::dot_int8_generic(codes.data(), M, W.i8(), W.rows, W.cols, sums.data()); break;
+  }
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t r = 0; r < W.rows; ++r)
+      y[m * W.rows + r] = float(sums[size_t(m * W.rows + r)]) / (x_scales[size_t(m)] * W.scales[r]);
+}
+
+void linear_int8_reference(const float* x, int64_t M, const WeightMatrix& W, float* y) {
+  std::vector<int8_t> codes(static_cast<size_t>(W.cols));
+  for (int64_t m = 0; m < M; ++m) {
+    const float sx = quantize_int8(x + m * W.cols, W.cols, codes.data());
+    for (int64_t r = 0; r < W.rows; ++r) {
+      int64_t acc = 0;
+      for (int64_t c = 0; c < W.cols; ++c) acc += int64_t(codes[size_t(c)]) * int64_t(W.i8()[r * W.cols + c]);
+      y[m * W.rows + r] = float(acc) / (sx * W.scales[r]);
+    }
+  }
+}
+
+}  // namespace meshtune

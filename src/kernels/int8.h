@@ -1,0 +1,28 @@
+// int8 as Keras' `quantize("int8")` defines it (../shared/fixtures/keras2/int8.md, the contract):
+// abs-max codes with one fp32 scale per row, s = 127 / (max|v| + 1e-7), code = clip(round half to
+// even(v·s), −127, 127). Weights are quantized once per output channel (a row of our [out, in]
+// layout); activations per token at every call; y = int32(x_codes · W_codesᵀ) / (s_x · s_W), one
+// float division. Every step is bit-identical to Keras' numpy arithmetic.
+#pragma once
+#include <cstdint>
+
+#include "kernels/linear.h"
+
+namespace meshtune {
+
+// codes[0:n] of values[0:n]; returns their scale s (value ≈ code / s).
+float quantize_int8(const float* values, int64_t n, int8_t* codes);
+// out[c] = code[c] / scale (Keras' dequantization, a division).
+void dequantize_int8(const int8_t* codes, int64_t n, float scale, float* out);
+
+// W (any dtype, read as fp32) quantized row by row: an I8 matrix owning its codes and scales.
+WeightMatrix quantize_matrix_int8(const WeightMatrix& W);
+
+// y[M, W.rows] = x[M, W.cols]·Wᵀ for an I8 matrix: x quantized per row, exact int32 dot products
+// on the CPU path in use (kernels/cpu/int8_dot.h), then dequantized. linear() calls this for I8.
+void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y);
+
+// The same in plain loops, the reference the tests hold every path to (bit for bit).
+void linear_int8_reference(const float* x, int64_t M, const WeightMatrix& W, float* y);
+
+}  // namespace meshtune

@@ -1,0 +1,328 @@
+// int8 as Keras' quantize("int8") does it, against ../shared/fixtures/keras2 (int8.md is the
+// contract): the int8 linear kernel on every CPU path against its plain-loop reference (bit for
+// bit), the quantizer's rounding, codes and scales of our quantization equal to the ones Keras
+// saved, every int8 layer of block 0 bit-identical to Keras' trace, and the whole model's logits
+// (also with LoRA on the int8 base) within int8.md §6's tolerances. Bad int8 presets are errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "core/error.h"
+#include "generate/generate.h"
+#include "io/keras_h5.h"
+#include "io/npy.h"
+#include "kernels/cpu/features.h"
+#include "kernels/int8.h"
+#include "model/lora.h"
+#include "store/load.h"
+#include "store/lora_files.h"
+#include "test_util.h"
+
+using namespace meshtune;
+using namespace meshtune::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kInt8Preset = "keras2/preset-gemma-tiny-int8";
+const std::string kFloatPreset = "keras/preset-gemma-tiny";
+const std::string kOutputs = "keras2/int8-gemma-tiny/";
+
+std::vector<float> random_values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+WeightMatrix random_int8_matrix(int64_t rows, int64_t cols, uint32_t seed) {
+  return quantize_matrix_int8(WeightMatrix::from_f32(rows, cols, random_values(rows * cols, seed)));
+}
+
+bool bit_equal(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
+class Int8Linear : public ::testing::TestWithParam<CpuPath> {
+ protected:
+  void SetUp() override {
+    if (!cpu_supports(GetParam())) GTEST_SKIP() << "this CPU has no " << cpu_path_name(GetParam()) << " path";
+    saved_ = cpu_path();
+    set_cpu_path(GetParam());
+  }
+  void TearDown() override {
+    if (cpu_supports(GetParam())) set_cpu_path(saved_);
+  }
+  CpuPath saved_ = CpuPath::Generic;
+};
+
+// Integer sums are exact, so every path must give the reference's floats bit for bit — over row
+// counts and widths that are not multiples of the SIMD width, the row blocks or the thread split.
+TEST_P(Int8Linear, EveryPathEqualsTheReferenceBitForBit) {
+  for (int64_t M : {1, 2, 3, 4, 5, 7, 130})
+    for (int64_t rows : {1, 3, 17, 61, 257})
+      for (int64_t cols : {1, 15, 16, 17, 31, 33, 100, 2049}) {
+        SCOPED_TRACE("M=" + std::to_string(M) + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
+        const WeightMatrix w = random_int8_matrix(rows, cols, uint32_t(rows * 131 + cols));
+        const std::vector<float> x = random_values(M * cols, uint32_t(M * 7 + cols));
+        std::vector<float> y(size_t(M * rows), NAN), ref(size_t(M * rows));
+        linear(x.data(), M, w, y.data());
+        linear_int8_reference(x.data(), M, w, ref.data());
+        int failures = 0;
+        for (size_t i = 0; i < y.size() && failures < 3; ++i)
+          if (!bit_equal(y[i], ref[i])) {
+            ADD_FAILURE() << "y[" << i << "] = " << y[i] << ", reference " << ref[i];
+            ++failures;
+          }
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuPaths, Int8Linear,
+                         ::testing::Values(CpuPath::Generic, CpuPath::Avx2, CpuPath::Avx512, CpuPath::Avx512Bf16),
+                         [](const auto& info) { return std::string(cpu_path_name(info.param)); });
+
+// Ties round half to even (np.round), not away from zero: with max |v| = m the scale is ≈ 127/m,
+// so v = k.5·m/127 lands on k.5 exactly when the float arithmetic allows; we build such values
+// from the scale itself and check both neighbours of an even and an odd floor.
+TEST(Int8Quantize, RoundsHalfToEvenAndClips) {
+  const float m = 127.f;  // scale = 127 / (127 + 1e-7) rounds to exactly 1 in float32
+  const std::vector<float> v = {2.5f, 3.5f, -2.5f, -3.5f, 0.5f, 1.5f, m, -m};
+  std::vector<int8_t> codes(v.size());
+  const float s = quantize_int8(v.data(), int64_t(v.size()), codes.data());
+  ASSERT_EQ(s, 1.f);
+  EXPECT_EQ(std::vector<int>(codes.begin(), codes.end()), (std::vector<int>{2, 4, -2, -4, 0, 2, 127, -127}));
+  // An all-zero row: scale 127/1e-7, codes 0, so the layer's output is 0.
+  const std::vector<float> zero(5, 0.f);
+  EXPECT_EQ(quantize_int8(zero.data(), 5, codes.data()), 127.f / 1e-7f);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(codes[size_t(i)], 0);
+}
+
+// ---- against Keras ------------------------------------------------------------------------------
+
+// Our quantization of the float preset gives exactly the codes and scales Keras saved.
+TEST(Int8Keras, QuantizingTheFloatPresetGivesKerasCodesAndScales) {
+  LoadOptions quantize;
+  quantize.quantize_int8 = true;
+  const GemmaModel ours = load_model(inspect_model_dir(fixture(kFloatPreset)), quantize);
+  const GemmaModel keras = load_model(inspect_model_dir(fixture(kInt8Preset)));
+  ASSERT_EQ(keras.config.int8_layers.size(), 15u);
+  int matrices = 0;
+  for (const VariableSpec& spec : gemma_variables(keras.config)) {
+    const WeightMatrix* a = ours.matrix(spec.slot, spec.layer);
+    const WeightMatrix* b = keras.matrix(spec.slot, spec.layer);
+    if (!a) continue;
+    SCOPED_TRACE(spec.keras_path);
+    ASSERT_EQ(a->dtype, DType::I8);
+    ASSERT_EQ(b->dtype, DType::I8);
+    ASSERT_EQ(a->rows, b->rows);
+    ASSERT_EQ(a->cols, b->cols);
+    EXPECT_EQ(std::memcmp(a->data, b->data, size_t(a->rows * a->cols)), 0) << "codes differ";
+    EXPECT_EQ(std::memcmp(a->scales, b->scales, size_t(a->rows) * 4), 0) << "scales differ";
+    ++matrices;
+  }
+  EXPECT_EQ(matrices, 15);
+}
+
+// Teacher-forced: each int8 layer of block 0 fed Keras' recorded input gives Keras' activation
+// codes, scales and output bit for bit; so does the tied head (its output is logits.npy).
+TEST(Int8Keras, EveryLayerOfBlock0AndTheHeadBitIdentical) {
+  const GemmaModel model = load_model(inspect_model_dir(fixture(kInt8Preset)));
+  const std::string out = fixture(kOutputs);
+  struct Layer {
+    std::string name;
+    const WeightMatrix* w;
+  };
+  const DecoderLayerWeights& l = model.layers[0];
+  const std::vector<Layer> layers = {
+      {"b0_query", &l.query},           {"b0_key", &l.key},
+      {"b0_value", &l.value},           {"b0_attention_output", &l.attention_output},
+      {"b0_ffw_gating", &l.ffw_gating}, {"b0_ffw_gating_2", &l.ffw_gating_2},
+      {"b0_ffw_linear", &l.ffw_linear}, {"token_embedding_reverse", &model.embeddings}};
+  for (const Layer& layer : layers) {
+    SCOPED_TRACE(layer.name);
+    const std::string trace = out + "trace_" + layer.name;
+    const std::vector<float> x = npy_floats(trace + "_input.npy");
+    const std::vector<float> want_scales = npy_floats(trace + "_input_scale.npy");
+    const HostTensor want_codes = read_npy(trace + "_input_int8.npy");
+    ASSERT_EQ(want_codes.dtype, DType::I8);
+    const int64_t cols = layer.w->cols, M = int64_t(x.size()) / cols;
+    ASSERT_EQ(int64_t(want_scales.size()), M);
+    std::vector<int8_t> codes(static_cast<size_t>(cols));
+    for (int64_t m = 0; m < M; ++m) {
+      const float s = quantize_int8(x.data() + m * cols, cols, codes.data());
+      ASSERT_TRUE(bit_equal(s, want_scales[size_t(m)])) << "row " << m << ": scale " << s << " vs " << want_scales[size_t(m)];
+      ASSERT_EQ(std::memcmp(codes.data(), want_codes.as<int8_t>() + m * cols, size_t(cols)), 0) << "row " << m;
+    }
+    const std::vector<float> want = npy_floats(layer.name == "token_embedding_reverse" ? out + "logits.npy"
+                                                                                        : trace + "_output.npy");
+    std::vector<float> y(size_t(M * layer.w->rows));
+    ASSERT_EQ(y.size(), want.size());
+    linear(x.data(), M, *layer.w, y.data());
+    size_t differ = 0;
+    for (size_t i = 0; i < y.size(); ++i) differ += !bit_equal(y[i], want[i]);
+    EXPECT_EQ(differ, 0u) << "of " << y.size() << " outputs";
+  }
+}
+
+// Median and max |Δ| over the real tokens (int8.md §6: the median separates a right
+// implementation from a wrong one, the max alone cannot).
+void expect_logits_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<int32_t>& mask,
+                         size_t width) {
+  ASSERT_EQ(got.size(), want.size());
+  std::vector<double> diffs;
+  for (size_t t = 0; t < mask.size(); ++t)
+    if (mask[t])
+      for (size_t v = 0; v < width; ++v) diffs.push_back(std::abs(double(got[t * width + v]) - want[t * width + v]));
+  ASSERT_FALSE(diffs.empty());
+  std::nth_element(diffs.begin(), diffs.begin() + diffs.size() / 2, diffs.end());
+  const double median = diffs[diffs.size() / 2], max = *std::max_element(diffs.begin(), diffs.end());
+  std::printf("    median |Δ| %.3g, max |Δ| %.3g over %zu values\n", median, max, diffs.size());
+  EXPECT_LE(median, 1e-4);
+  EXPECT_LE(max, 0.5);
+}
+
+std::vector<float> model_logits(const GemmaModel& model) {
+  const std::string in = fixture("keras/outputs-gemma-tiny/");
+  const HostTensor ids_t = read_npy(in + "token_ids.npy");
+  const int64_t B = ids_t.shape[0], T = ids_t.shape[1];
+  const std::vector<int32_t> ids = npy_ints(in + "token_ids.npy"), mask = npy_ints(in + "padding_mask.npy");
+  KVCache cache(model.config, B, T);
+  for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = uint8_t(mask[i]);
+  const std::vector<float> hidden = backbone_forward(model, ids.data(), B, T, 0, cache);
+  std::vector<float> logits(size_t(B * T * model.config.vocab_size));
+  lm_head(model, hidden.data(), B * T, logits.data());
+  return logits;
+}
+
+TEST(Int8Keras, LogitsOfTheInt8PresetAndOfQuantizeAtLoad) {
+  const std::vector<int32_t> mask = npy_ints(fixture("keras/outputs-gemma-tiny/padding_mask.npy"));
+  const std::vector<float> want = npy_floats(fixture(kOutputs + "logits.npy"));
+  const GemmaModel preset = load_model(inspect_model_dir(fixture(kInt8Preset)));
+  expect_logits_close(model_logits(preset), want, mask, size_t(preset.config.vocab_size));
+  LoadOptions quantize;
+  quantize.quantize_int8 = true;
+  const GemmaModel quantized = load_model(inspect_model_dir(fixture(kFloatPreset)), quantize);
+  expect_logits_close(model_logits(quantized), want, mask, size_t(quantized.config.vocab_size));
+}
+
+// LoRA on the int8 base: y = int8 path + scale·(x·A)·B on the float input (int8.md §5).
+TEST(Int8Keras, LoraOnTheInt8BaseAsLowRankTerms) {
+  GemmaModel model = load_model(inspect_model_dir(fixture(kInt8Preset)));
+  LoraWeights lora = load_lora_adapter(fixture(kOutputs + "adapter.lora.h5"), model.config);
+  attach_lora(model, lora, model.config);
+  const std::vector<int32_t> mask = npy_ints(fixture("keras/outputs-gemma-tiny/padding_mask.npy"));
+  expect_logits_close(model_logits(model), npy_floats(fixture(kOutputs + "logits_with_random_lora.npy")), mask,
+                      size_t(model.config.vocab_size));
+}
+
+TEST(Int8Keras, GreedyIdsEqualKeras) {
+  const GemmaModel model = load_model(inspect_model_dir(fixture(kInt8Preset)));
+  const std::string out = fixture(kOutputs);
+  const HostTensor prompt_t = read_npy(out + "generate_prompt_token_ids.npy");
+  const int64_t B = prompt_t.shape[0], L = prompt_t.shape[1];
+  const std::vector<int32_t> prompt = npy_ints(out + "generate_prompt_token_ids.npy");
+  const std::vector<int32_t> prompt_mask = npy_ints(out + "generate_prompt_padding_mask.npy");
+  const std::vector<int32_t> expected = npy_ints(out + "generate_greedy_token_ids.npy");
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<std::vector<uint8_t>> masks;
+  for (int64_t b = 0; b < B; ++b) {
+    rows.emplace_back(prompt.begin() + b * L, prompt.begin() + (b + 1) * L);
+    masks.emplace_back(prompt_mask.begin() + b * L, prompt_mask.begin() + (b + 1) * L);
+  }
+  GenerateOptions options;
+  options.max_length = int(L);
+  const GeneratedIds got = generate_ids(model, rows, masks, options);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < L; ++i) EXPECT_EQ(got.token_ids[size_t(b)][size_t(i)], expected[size_t(b * L + i)]);
+}
+
+// ---- bad int8 presets: one clear error each -------------------------------------------------------
+
+// A copy of the int8 preset with `edit` applied to its config.json and `datasets` to its weights.
+std::string damaged_preset(const std::string& tag, const std::function<void(nlohmann::json&)>& edit_config,
+                           const std::function<void(std::map<std::string, HostTensor>&)>& edit_weights = {}) {
+  const std::string dir = make_temp_dir("int8-" + tag) + "/preset";
+  fs::copy(fixture(kInt8Preset), dir, fs::copy_options::recursive);
+  nlohmann::json config = load_json(dir + "/config.json");
+  edit_config(config);
+  std::ofstream(dir + "/config.json") << config.dump(1);
+  if (edit_weights) {
+    std::map<std::string, HostTensor> datasets = read_h5_datasets(dir + "/model.weights.h5");
+    edit_weights(datasets);
+    std::vector<std::pair<std::string, HostTensor>> list(datasets.begin(), datasets.end());
+    write_h5_datasets(dir + "/model.weights.h5", list);
+  }
+  return dir;
+}
+
+void expect_load_error(const std::string& dir, const std::vector<std::string>& needles) {
+  try {
+    load_model(inspect_model_dir(dir));
+    ADD_FAILURE() << "loaded without an error";
+  } catch (const Error& e) {
+    for (const std::string& needle : needles)
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "missing '" << needle << "' in: " << e.what();
+  }
+}
+
+nlohmann::json& policy_map(nlohmann::json& config) { return config["config"]["dtype"]["config"]["policy_map"]; }
+const std::string kQuery0Scale = "layers/gemma_decoder_block/attention/query_dense/vars/1";
+
+TEST(Int8Hostile, ScaleWithTheWrongShape) {
+  expect_load_error(damaged_preset("scale-shape", [](nlohmann::json&) {}, [](std::map<std::string, HostTensor>& d) {
+    HostTensor& s = d.at(kQuery0Scale);
+    s.shape = {1, s.shape[2], s.shape[3]};  // (1, n, h): a broadcast dimension dropped
+  }), {"model.weights.h5", kQuery0Scale, "shape", "(1, 1, "});
+}
+
+TEST(Int8Hostile, ScaleWithTheWrongDtype) {
+  expect_load_error(damaged_preset("scale-dtype", [](nlohmann::json&) {}, [](std::map<std::string, HostTensor>& d) {
+    HostTensor& s = d.at(kQuery0Scale);
+    HostTensor wide = HostTensor::allocate(DType::I32, s.shape);
+    d[kQuery0Scale] = wide;
+  }), {kQuery0Scale, "int32", "float32"});
+}
+
+TEST(Int8Hostile, MissingScale) {
+  expect_load_error(damaged_preset("scale-missing", [](nlohmann::json&) {},
+                                   [](std::map<std::string, HostTensor>& d) { d.erase(kQuery0Scale); }),
+                    {"missing tensor", kQuery0Scale});
+}
+
+TEST(Int8Hostile, PolicyMapNamesALayerThatDoesNotExist) {
+  expect_load_error(damaged_preset("no-layer", [](nlohmann::json& c) {
+    policy_map(c)["decoder_block_7/attention/query"] = policy_map(c)["token_embedding"];
+  }), {"config.json", "decoder_block_7/attention/query"});
+}
+
+TEST(Int8Hostile, PolicyMapWithAnotherMode) {
+  expect_load_error(damaged_preset("int4", [](nlohmann::json& c) {
+    policy_map(c)["token_embedding"]["config"]["mode"] = "int4";
+  }), {"config.json", "int4", "only int8"});
+}
+
+TEST(Int8Hostile, FloatLayerStoredAsInt8) {
+  expect_load_error(damaged_preset("unmapped", [](nlohmann::json& c) { policy_map(c).erase("decoder_block_0/ffw_linear"); }),
+                    {"ffw_linear", "int8", "dtype policy map"});
+}
+
+TEST(Int8Cli, QuantizeInt4IsRefused) {
+  const CommandResult r = run_meshtune("logits " + fixture(kFloatPreset) + " --quantize int4 --token-ids " +
+                                       fixture("keras/outputs-gemma-tiny/token_ids.npy"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("int4"), std::string::npos) << r.err;
+}
+
+TEST(Int8Cli, GenerateOnAnInt8PresetAndWithQuantize) {
+  for (const std::string& args : {fixture(kInt8Preset), fixture(kFloatPreset) + " --quantize int8"}) {
+    const CommandResult r = run_meshtune("generate " + args + " --prompt 'The quick' --max-length 12");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_FALSE(r.out.empty());
+  }
+}
+
+}  // namespace
