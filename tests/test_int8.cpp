@@ -240,6 +240,70 @@ TEST(Int8Keras, GreedyIdsEqualKeras) {
     for (int64_t i = 0; i < L; ++i) EXPECT_EQ(got.token_ids[size_t(b)][size_t(i)], expected[size_t(b * L + i)]);
 }
 
+// Keras' save_weights of the int8 + LoRA model merges each adapter into its dequantized kernel and
+// quantizes again (int8.md §5): merge_lora over int8 weights gives those codes and scales.
+TEST(Int8Keras, MergingLoraReQuantizesLikeKeras) {
+  const GemmaModel base = load_model(inspect_model_dir(fixture(kInt8Preset)));
+  const LoraWeights lora = load_lora_adapter(fixture(kOutputs + "adapter.lora.h5"), base.config);
+  const GemmaModel merged = merge_lora(base, lora);
+  const std::map<std::string, HostTensor> keras = read_h5_datasets(fixture(kOutputs + "model_with_lora_merged.weights.h5"));
+  int adapted = 0;
+  for (const VariableSpec& spec : gemma_variables(base.config)) {
+    const WeightMatrix* m = merged.matrix(spec.slot, spec.layer);
+    if (!m) continue;
+    SCOPED_TRACE(spec.keras_path);
+    ASSERT_EQ(m->dtype, DType::I8);
+    const HostTensor codes = keras_to_ours(keras.at(spec.h5_path), spec.kind);
+    const HostTensor& scales = keras.at(keras_int8_scale_path(spec));
+    EXPECT_EQ(std::memcmp(m->data, codes.data, codes.nbytes()), 0) << "codes differ";
+    // Within 1e-6 relative (a few ulp), not bit for bit: this oracle's NumPy formed A·B with fused
+    // multiply-adds (its BLAS kernel), the float oracle's without (test_lora's merged kernels are
+    // bit-exact that way) and we follow the float one; a row's largest |W + ΔW| then differs in its
+    // last bits. Measured: 9 rows of the four adapted matrices differ, by 1–2 ulp.
+    for (int64_t r = 0; r < m->rows; ++r)
+      EXPECT_NEAR(m->scales[r], scales.as<float>()[r], 1e-6 * std::abs(scales.as<float>()[r])) << "row " << r;
+    adapted += m->data != base.matrix(spec.slot, spec.layer)->data;
+  }
+  EXPECT_EQ(adapted, 4);  // query and value of both blocks
+}
+
+// export --to keras writes an int8 preset as Keras does: the same datasets (codes, scales in
+// their broadcast shapes, float norms) byte for byte, the same DTypePolicyMap; it loads back.
+TEST(Int8Cli, ExportWritesAKerasInt8Preset) {
+  for (const std::string& source : {fixture(kInt8Preset), fixture(kFloatPreset) + " --quantize int8"}) {
+    SCOPED_TRACE(source);
+    const std::string out = make_temp_dir("int8-export") + "/preset";
+    const CommandResult r = run_meshtune("export " + source + " --to keras " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto ours = read_h5_datasets(out + "/model.weights.h5");
+    const auto keras = read_h5_datasets(fixture(kInt8Preset) + "/model.weights.h5");
+    ASSERT_EQ(ours.size(), keras.size());
+    for (const auto& [name, t] : keras) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(ours.count(name));
+      const HostTensor& o = ours.at(name);
+      EXPECT_EQ(o.dtype, t.dtype);
+      EXPECT_EQ(o.shape, t.shape);
+      EXPECT_EQ(o.nbytes() == t.nbytes() && std::memcmp(o.data, t.data, t.nbytes()) == 0, true) << "bytes differ";
+    }
+    const nlohmann::json ours_config = load_json(out + "/config.json"), keras_config = load_json(fixture(kInt8Preset) + "/config.json");
+    EXPECT_EQ(ours_config["config"]["dtype"], keras_config["config"]["dtype"]);
+    EXPECT_EQ(load_json(out + "/metadata.json")["parameter_count"], load_json(fixture(kInt8Preset) + "/metadata.json")["parameter_count"]);
+    const GemmaModel back = load_model(inspect_model_dir(out));
+    EXPECT_TRUE(back.has_int8());
+  }
+  const CommandResult hf = run_meshtune("export " + fixture(kInt8Preset) + " --to hf " + make_temp_dir("int8-hf") + "/m");
+  EXPECT_EQ(hf.exit_code, 1);
+  EXPECT_NE(hf.err.find("no int8 form"), std::string::npos) << hf.err;
+}
+
+TEST(Int8Cli, FullFineTuningOfInt8WeightsIsRefused) {
+  const CommandResult r = run_meshtune("finetune " + fixture(kInt8Preset) + " --full --data sample --take 4 --steps 1 "
+                                       "--batch-size 2 --seq-len 16 --no-progress --out " + make_temp_dir("int8-full") + "/run");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("LoRA"), std::string::npos) << r.err;
+}
+
 // ---- bad int8 presets: one clear error each -------------------------------------------------------
 
 // A copy of the int8 preset with `edit` applied to its config.json and `datasets` to its weights.

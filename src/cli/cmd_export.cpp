@@ -29,6 +29,10 @@ Runner add_export_command(CLI::App& app) {
   return [o] {
     check(o->checkpoint.empty() || o->model.lora.empty(), "--checkpoint and --lora cannot be combined");
     LoadedModel loaded = load_model_and_tokenizer(o->model, false);
+    if (loaded.lora) {  // attached as low-rank terms over int8 weights: exporting merges and re-quantizes
+      loaded.model.low_rank.clear();
+      loaded.model = merge_lora(loaded.model, *loaded.lora);
+    }
     if (!o->checkpoint.empty()) {
       const GemmaConfig& c = loaded.model.config;
       TrainedParameters trained = read_trained_parameters(o->checkpoint);

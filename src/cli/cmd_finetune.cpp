@@ -158,6 +158,8 @@ Runner add_finetune_command(CLI::App& app) {
         load_model_and_tokenizer(o->model, !pretokenized || !o->sample_prompts.empty() || !o->validation_data.empty(),
                                  mesh ? sharded_blocks(distribution.layout, *mesh) : VariableBlocks{});
     const GemmaConfig config = loaded.model.config;
+    check(!(o->full && loaded.model.has_int8()), o->model.model,
+          ": int8 weights are frozen (as in Keras): train them with LoRA (--lora-rank), not --full");
     check(o->seq_len <= config.max_sequence_length, "--seq-len ", o->seq_len, " exceeds the model's maximum sequence length ",
           config.max_sequence_length);
 

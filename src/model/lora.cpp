@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "kernels/int8.h"
 
 namespace meshtune {
 
@@ -209,7 +210,9 @@ static void merge_layer(const GemmaConfig& config, const LoraWeights& lora, int 
     check(values.size() == delta.size(), "merge_lora: the LoRA update of ", ad.keras_path(config),
           " does not fit its kernel's part");
     for (size_t i = 0; i < values.size(); ++i) values[i] += delta[i];
+    const bool int8 = m.dtype == DType::I8;
     m = WeightMatrix::from_f32(m.rows, m.cols, std::move(values));
+    if (int8) m = quantize_matrix_int8(m);  // Keras' _get_kernel_with_merged_lora: re-quantized (int8.md §5)
   }
 }
 

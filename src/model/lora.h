@@ -50,7 +50,7 @@ LoraWeights enable_lora(const GemmaConfig& config, int rank, const std::vector<S
 std::vector<float> lora_delta(const GemmaConfig& config, const LoraAdapter& adapter, double scale);
 
 // A copy of `base` whose adapted matrices are replaced by fp32 W + ΔW (other matrices are shared,
-// not copied). This is what generation with an adapter, export (merge) and training use. When
+// not copied); an int8 W is dequantized, merged and quantized again, as Keras' save_weights does. This is what generation with an adapter, export (merge) and training use. When
 // `base` builds its blocks on demand (layer_source), so does the result, merging as it builds.
 GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora);
 // The same when `base` holds only this process' part of each matrix (tensor parallelism): `config`
