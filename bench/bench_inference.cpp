@@ -54,7 +54,8 @@ struct Options {
 Options parse_args(int argc, char** argv) {
   Options o;
   CLI::App app("bench_inference: load, prefill and decode of a Gemma-2B-shaped model; one JSON line on stdout");
-  app.add_option("--dtype", o.dtype, "Weights: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--dtype", o.dtype, "Weights: f32, bf16, or int8 (the bf16 checkpoint quantized at load)")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   app.add_option("--layers", o.layers, "Decoder blocks")->check(CLI::PositiveNumber);
   app.add_option("--threads", o.threads, "OpenMP threads")->check(CLI::PositiveNumber);
   app.add_option("--prompt", o.prompt, "Prompt tokens (prefill)")->check(CLI::PositiveNumber);
@@ -80,7 +81,8 @@ GemmaConfig gemma_2b_config(int layers) {
 // the ~10 GB of freshly generated weights never show up in our own peak RSS. A marker file
 // written last makes an interrupted creation count as absent.
 std::string ensure_checkpoint(const Options& o) {
-  const std::string path = (fs::path(o.dir) / ("gemma2b-" + o.dtype + "-L" + std::to_string(o.layers))).string();
+  const std::string stored = o.dtype == "f32" ? "f32" : "bf16";
+  const std::string path = (fs::path(o.dir) / ("gemma2b-" + stored + "-L" + std::to_string(o.layers))).string();
   const fs::path marker = fs::path(path) / "bench-complete";
   if (fs::exists(marker)) return path;
   std::cerr << "bench_inference: creating " << path << " (once; random weights, takes a few minutes)\n";
@@ -92,7 +94,7 @@ std::string ensure_checkpoint(const Options& o) {
     int code = 0;
     try {
       auto t0 = Clock::now();
-      GemmaModel model = random_model(gemma_2b_config(o.layers), 1234, o.dtype == "bf16" ? DType::BF16 : DType::F32);
+      GemmaModel model = random_model(gemma_2b_config(o.layers), 1234, stored == "bf16" ? DType::BF16 : DType::F32);
       std::cerr << "bench_inference: generated weights in " << seconds_since(t0) << " s\n";
       t0 = Clock::now();
       save_hf_checkpoint(model, "", path);
@@ -152,7 +154,9 @@ int main(int argc, char** argv) {
     // --- load: the API calls (safetensors are memory-mapped, so this is mostly header parsing) ---
     auto t0 = Clock::now();
     const ModelDir dir = inspect_model_dir(path);
-    const GemmaModel model = load_model(dir);
+    LoadOptions load;
+    load.quantize_int8 = o.dtype == "int8";
+    const GemmaModel model = load_model(dir, load);
     const double load_s = seconds_since(t0);
     const GemmaConfig& c = model.config;
     const int64_t V = c.vocab_size, D = c.hidden_dim, T = o.prompt;
@@ -164,7 +168,8 @@ int main(int argc, char** argv) {
     // Read-bandwidth samples taken between the repeats, over 1 GiB of the model's own embedding
     // matrix (64-byte aligned start): memory bandwidth on a shared VM drifts by tens of percent
     // within minutes, so the bound is computed from samples taken at the same time as decode.
-    const size_t sample_bytes = std::min<size_t>(size_t(1) << 30, model.embeddings.nbytes() - 64);
+    const size_t table_bytes = size_t(model.embeddings.rows * model.embeddings.cols) * dtype_size(model.embeddings.dtype);
+    const size_t sample_bytes = std::min<size_t>(size_t(1) << 30, table_bytes - 64);
     const auto* embedding_bytes = static_cast<const char*>(model.embeddings.data);
     const void* sample_start = embedding_bytes + (64 - reinterpret_cast<uintptr_t>(embedding_bytes) % 64) % 64;
     std::vector<double> read_samples;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds bench_inference and runs it for fp32 then bf16 weights, each in its own process (so peak
-# RSS is per configuration), then prints a table. Extra arguments go to both runs, e.g.
+# Builds bench_inference and runs it for fp32, bf16 and int8 weights (int8: the bf16 checkpoint
+# quantized at load, Keras' formula), each in its own process (so peak
+# RSS is per configuration), then prints a table. Extra arguments go to every run, e.g.
 #   bench/run_inference.sh --layers 4 --repeat 5
 # The JSON lines are also kept in $BENCH_OUT (default build/bench/inference.jsonl).
 set -euo pipefail
@@ -8,7 +9,7 @@ cd "$(dirname "$0")/.."
 cmake --build build -j2 --target bench_inference >&2
 out="${BENCH_OUT:-build/bench/inference.jsonl}"
 : > "$out"
-for dtype in f32 bf16; do
+for dtype in f32 bf16 int8; do
   ./build/bench/bench_inference --dtype "$dtype" "$@" | tee -a "$out"
 done
 python3 - "$out" <<'PY'

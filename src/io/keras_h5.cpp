@@ -355,77 +355,115 @@ void write_file(const std::string& tmp, const std::vector<TensorSpec>& datasets,
 
 }  // namespace
 
-std::map<std::string, HostTensor> read_h5_datasets(const std::string& path, const DatasetSelection& select) {
-  std::lock_guard lock(h5_mutex());
-  silence_hdf5();
+namespace {
 
+// An HDF5 file opened for reading, checked first: it exists, is a regular HDF5 file, and its size.
+struct OpenedFile {
+  Handle file;
+  uint64_t size = 0;
+};
+
+OpenedFile open_h5(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail("file ", path, ": no such file");
   if (!std::filesystem::is_regular_file(path, ec)) fail("file ", path, ": not a regular file");
-  uint64_t file_size = std::filesystem::file_size(path, ec);
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
   if (ec) fail("file ", path, ": cannot read its size: ", ec.message());
-
   htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
   if (is_hdf5 <= 0) fail("file ", path, ": not an HDF5 file or truncated", h5_error_detail());
-  Handle file = checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "file " + path,
-                        "not an HDF5 file or truncated: H5Fopen");
-  // A truncated file may still open when its superblock survived; libhdf5 then fails below on the
-  // first read past the end, which becomes an Error too.
-
-  std::vector<std::string> names;
-  check_status(H5Lvisit(file.get(), H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names), "file " + path,
-               "visiting the groups (corrupt or truncated file?)");
-
-  std::map<std::string, HostTensor> out;
-  for (const auto& name : names) out[name] = read_dataset(file.get(), path, name, file_size, select);
-  return out;
+  // A truncated file may still open when its superblock survived; libhdf5 then fails on the first
+  // read past the end, which becomes an Error too.
+  return {checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "file " + path,
+                  "not an HDF5 file or truncated: H5Fopen"),
+          file_size};
 }
 
-std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir, const DatasetSelection& select) {
+std::vector<std::string> dataset_names(const OpenedFile& f, const std::string& path) {
+  std::vector<std::string> names;
+  check_status(H5Lvisit(f.file.get(), H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names), "file " + path,
+               "visiting the groups (corrupt or truncated file?)");
+  return names;
+}
+
+// The .h5 files of a Keras preset directory: model.weights.h5, or the shards model.weights.json lists.
+std::vector<std::string> keras_weight_files(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path json_path = fs::path(dir) / "model.weights.json";
   const fs::path h5_path = fs::path(dir) / "model.weights.h5";
   std::error_code ec;
-
-  if (fs::exists(json_path, ec)) {
-    // Sharded: read each shard named in weight_map once, in the order first listed.
-    const json index = read_json_file(json_path.string());
-    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
-      fail("file ", json_path.string(), ": missing object \"weight_map\"");
-    }
-    std::vector<std::string> shards;
-    std::set<std::string> seen;
-    auto add_shard = [&](const json& value, const std::string& key) {
-      const std::string what = json_path.string() + ": weight_map[\"" + brief(key) + "\"]";
-      if (!value.is_string()) fail(what, " is not a file name");
-      const std::string name = value.get<std::string>();
-      // Shards live beside the json; refuse paths that would reach elsewhere.
-      plain_file_in(dir, name, what);
-      check(name.find('\\') == std::string::npos, what, ": \"", brief(name), "\" is not a plain file name");
-      if (seen.insert(name).second) shards.push_back(name);
-    };
-    for (const auto& [key, value] : index["weight_map"].items()) {
-      if (value.is_array()) {
-        for (const auto& v : value) add_shard(v, key);
-      } else {
-        add_shard(value, key);
-      }
-    }
-    if (shards.empty()) fail("file ", json_path.string(), ": weight_map lists no shard files");
-
-    std::map<std::string, HostTensor> merged;
-    for (const auto& shard : shards) {
-      const fs::path shard_path = fs::path(dir) / shard;
-      if (!fs::is_regular_file(shard_path, ec)) {
-        fail("file ", json_path.string(), ": lists shard ", shard, " but ", shard_path.string(), " does not exist");
-      }
-      for (auto& [name, tensor] : read_h5_datasets(shard_path.string(), select))
-        merged.insert_or_assign(name, std::move(tensor));
-    }
-    return merged;
+  if (!fs::exists(json_path, ec)) {
+    if (fs::exists(h5_path, ec)) return {h5_path.string()};
+    fail("directory ", dir, ": has neither model.weights.h5 nor model.weights.json");
   }
-  if (fs::exists(h5_path, ec)) return read_h5_datasets(h5_path.string(), select);
-  fail("directory ", dir, ": has neither model.weights.h5 nor model.weights.json");
+  // Sharded: each shard named in weight_map once, in the order first listed.
+  const json index = read_json_file(json_path.string());
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+    fail("file ", json_path.string(), ": missing object \"weight_map\"");
+  }
+  std::vector<std::string> shards;
+  std::set<std::string> seen;
+  auto add_shard = [&](const json& value, const std::string& key) {
+    const std::string what = json_path.string() + ": weight_map[\"" + brief(key) + "\"]";
+    if (!value.is_string()) fail(what, " is not a file name");
+    const std::string name = value.get<std::string>();
+    // Shards live beside the json; refuse paths that would reach elsewhere.
+    plain_file_in(dir, name, what);
+    check(name.find('\\') == std::string::npos, what, ": \"", brief(name), "\" is not a plain file name");
+    if (seen.insert(name).second) shards.push_back(name);
+  };
+  for (const auto& [key, value] : index["weight_map"].items()) {
+    if (value.is_array()) {
+      for (const auto& v : value) add_shard(v, key);
+    } else {
+      add_shard(value, key);
+    }
+  }
+  if (shards.empty()) fail("file ", json_path.string(), ": weight_map lists no shard files");
+  std::vector<std::string> files;
+  for (const auto& shard : shards) {
+    const fs::path shard_path = fs::path(dir) / shard;
+    if (!fs::is_regular_file(shard_path, ec)) {
+      fail("file ", json_path.string(), ": lists shard ", shard, " but ", shard_path.string(), " does not exist");
+    }
+    files.push_back(shard_path.string());
+  }
+  return files;
+}
+
+}  // namespace
+
+std::map<std::string, HostTensor> read_h5_datasets(const std::string& path, const DatasetSelection& select) {
+  std::lock_guard lock(h5_mutex());
+  silence_hdf5();
+  const OpenedFile f = open_h5(path);
+  std::map<std::string, HostTensor> out;
+  for (const auto& name : dataset_names(f, path)) out[name] = read_dataset(f.file.get(), path, name, f.size, select);
+  return out;
+}
+
+std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir, const DatasetSelection& select) {
+  std::map<std::string, HostTensor> merged;
+  for (const std::string& file : keras_weight_files(dir))
+    for (auto& [name, tensor] : read_h5_datasets(file, select)) merged.insert_or_assign(name, std::move(tensor));
+  return merged;
+}
+
+KerasWeightsReader::KerasWeightsReader(const std::string& dir) {
+  std::lock_guard lock(h5_mutex());
+  silence_hdf5();
+  for (const std::string& file : keras_weight_files(dir)) {
+    const OpenedFile f = open_h5(file);
+    for (const auto& name : dataset_names(f, file)) file_of_.insert_or_assign(name, file);  // later shards win
+  }
+}
+
+HostTensor KerasWeightsReader::read(const std::string& name, const DatasetSelection& select) const {
+  auto it = file_of_.find(name);
+  check(it != file_of_.end(), "no dataset ", name, " in the preset's weights");
+  std::lock_guard lock(h5_mutex());
+  silence_hdf5();
+  const OpenedFile f = open_h5(it->second);
+  return read_dataset(f.file.get(), it->second, name, f.size, select);
 }
 
 void write_h5_datasets(const std::string& path, const std::vector<TensorSpec>& datasets, const TensorSource& tensor,

@@ -32,6 +32,21 @@ std::map<std::string, HostTensor> read_h5_datasets(const std::string& path, cons
 // `model.weights.json`. Keys as read_h5_datasets.
 std::map<std::string, HostTensor> read_keras_weights_dir(const std::string& dir, const DatasetSelection& select = {});
 
+// The same directory read one dataset at a time: the constructor lists the datasets (and checks
+// the index and the files), `read` reads one (with the same checks as read_h5_datasets), so a
+// loader can convert and free each before it reads the next — a model loads in about its own
+// size, not the file's plus its own.
+class KerasWeightsReader {
+ public:
+  explicit KerasWeightsReader(const std::string& dir);
+  bool has(const std::string& name) const { return file_of_.count(name) > 0; }
+  // Throws Error naming the dataset when it is absent. `select` as for read_h5_datasets.
+  HostTensor read(const std::string& name, const DatasetSelection& select = {}) const;
+
+ private:
+  std::map<std::string, std::string> file_of_;  // dataset → the .h5 file holding it
+};
+
 // Writes datasets (keyed by path without leading '/') to a new .h5 file atomically (temp file,
 // fsync, rename). Intermediate groups are created. F32 -> H5T_IEEE_F32LE, BF16 -> 2-byte opaque
 // with attribute dtype="bfloat16", I32/I64 -> little-endian ints, shape {} -> scalar dataspace.

@@ -121,14 +121,15 @@ GemmaConfig read_model_config(const ModelDir& dir) {
 
 // An int8 layer's kernel codes (already in our layout) and the scale dataset beside them, checked
 // against the shapes Keras writes (int8.md §2).
-static WeightMatrix int8_matrix(const HostTensor& codes, const VariableSpec& spec,
-                                std::map<std::string, HostTensor>& tensors, const std::string& weights_file) {
+using TakeTensor = std::function<std::optional<HostTensor>(const std::string& name)>;
+
+static WeightMatrix int8_matrix(const HostTensor& codes, const VariableSpec& spec, const TakeTensor& take,
+                                const std::string& weights_file) {
   const std::string scale_name = keras_int8_scale_path(spec);
-  auto it = tensors.find(scale_name);
-  check(it != tensors.end(), weights_file, ": missing tensor ", scale_name, " (the int8 scale of ", keras_layer(spec),
+  std::optional<HostTensor> taken = take(scale_name);
+  check(taken.has_value(), weights_file, ": missing tensor ", scale_name, " (the int8 scale of ", keras_layer(spec),
         ")");
-  HostTensor scale = it->second;
-  tensors.erase(it);
+  const HostTensor scale = std::move(*taken);
   check(scale.dtype == DType::F32, weights_file, ": tensor ", scale_name, " (int8 scale of ", keras_layer(spec),
         ") has dtype ", dtype_name(scale.dtype), ", expected float32");
   check(scale.shape == keras_int8_scale_shape(spec), weights_file, ": tensor ", scale_name, " (int8 scale of ",
@@ -166,7 +167,20 @@ GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
       if (it == boxes.end() || it->second.count.size() != shape.size()) return std::nullopt;  // shape errors below
       return it->second;
     };
-  std::map<std::string, HostTensor> tensors = keras ? read_keras_weights_dir(dir.path, select) : read_safetensors_dir(dir.path);
+  // Each tensor is taken once. A Keras preset's datasets are read only then, one at a time, so the
+  // loader holds a single unconverted tensor besides the model; safetensors are memory-mapped.
+  std::optional<KerasWeightsReader> reader;
+  std::map<std::string, HostTensor> tensors;
+  if (keras) reader.emplace(dir.path);
+  else tensors = read_safetensors_dir(dir.path);
+  const TakeTensor take = [&](const std::string& name) -> std::optional<HostTensor> {
+    if (reader) return reader->has(name) ? std::optional<HostTensor>(reader->read(name, select)) : std::nullopt;
+    auto it = tensors.find(name);
+    if (it == tensors.end()) return std::nullopt;
+    HostTensor t = it->second;
+    tensors.erase(it);
+    return t;
+  };
   const std::string weights_file =
       keras ? (fs::path(dir.path) / (fs::exists(fs::path(dir.path) / "model.weights.json") ? "model.weights.json" : "model.weights.h5")).string()
             : (fs::path(dir.path) / (fs::exists(fs::path(dir.path) / "model.safetensors.index.json") ? "model.safetensors.index.json" : "model.safetensors")).string();
@@ -189,10 +203,9 @@ GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
   check(int8_layers.empty() || boxes.empty(), dir.path, ": an int8 preset loads on one process for now (not under a mesh)");
   for (const VariableSpec& spec : gemma_variables(c)) {
     const std::string& name = keras ? spec.h5_path : spec.hf_name;
-    auto it = tensors.find(name);
-    check(it != tensors.end(), weights_file, ": missing tensor ", name, " (", spec.keras_path, ")");
-    HostTensor t = it->second;
-    tensors.erase(it);  // the file's copy is freed once converted: a model loads in little more than its size
+    std::optional<HostTensor> taken = take(name);
+    check(taken.has_value(), weights_file, ": missing tensor ", name, " (", spec.keras_path, ")");
+    HostTensor t = std::move(*taken);  // freed once converted: a model loads in little more than its size
     const auto box = boxes.find(name);
     const Shape& expected = box != boxes.end() ? Shape(box->second.count.begin(), box->second.count.end())
                             : keras          ? spec.keras_shape
@@ -203,7 +216,7 @@ GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
     if (w && int8_layers.erase(keras_layer(spec))) {
       check(t.dtype == DType::I8, weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype), ", but ",
             dir.config_path, "'s dtype policy map makes ", keras_layer(spec), " int8");
-      *w = int8_matrix(keras_to_ours(t, spec.kind), spec, tensors, weights_file);
+      *w = int8_matrix(keras_to_ours(t, spec.kind), spec, take, weights_file);
       continue;
     }
     check(is_float_dtype(t.dtype), weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype),
