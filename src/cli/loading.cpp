@@ -34,10 +34,14 @@ LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_toke
     // Over int8 weights the adapter stays a low-rank term (Keras does not merge either: merging
     // would need a float copy of W and re-quantizing changes the numbers, int8.md §5).
     const bool low_rank = loaded.model.has_int8();
-    if (low_rank) attach_lora(loaded.model, *loaded.lora, loaded.model.config);
-    else loaded.model = merge_lora(loaded.model, lora);
     if (main_process) std::cerr << (low_rank ? "attached" : "merged") << " LoRA adapter " << options.lora << " (rank "
               << lora.rank << ", " << lora.num_parameters() << " parameters)\n";
+    if (low_rank) {
+      attach_lora(loaded.model, *loaded.lora, loaded.model.config);
+    } else {
+      loaded.model = merge_lora(loaded.model, lora);
+      loaded.lora.reset();  // merged: nothing to keep
+    }
   }
   if (need_tokenizer) {
     check(!loaded.dir.tokenizer_path.empty(), loaded.dir.path, ": no tokenizer (",

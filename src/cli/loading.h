@@ -14,7 +14,7 @@ struct LoadedModel {
   ModelDir dir;
   GemmaModel model;
   std::unique_ptr<Tokenizer> tokenizer;  // null when not asked for
-  std::unique_ptr<LoraWeights> lora;     // an adapter the model uses as low-rank terms (int8 base)
+  std::unique_ptr<LoraWeights> lora;     // an adapter the model uses as low-rank terms (int8 base); null once merged
 };
 
 // The model's config alone (to plan a mesh layout before the weights are read).

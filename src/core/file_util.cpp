@@ -1,6 +1,7 @@
 #include "core/file_util.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -90,5 +91,12 @@ std::string plain_file_in(const std::string& dir, const std::string& name, const
 }
 
 void copy_file_atomic(const std::string& from, const std::string& to) { write_file_atomic(to, read_file(from)); }
+
+void release_mapped_pages(const void* data, size_t bytes) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // a hint: errors change nothing
+}
 
 }  // namespace meshtune

@@ -25,4 +25,9 @@ std::string read_file(const std::string& path, size_t max_bytes = size_t(-1));
 // `what` names the file and entry for the error.
 std::string plain_file_in(const std::string& dir, const std::string& name, const std::string& what);
 
+// Drops the whole pages of [data, data + bytes) — part of a read-only file mapping — from this
+// process' memory (madvise DONTNEED; touched again, they are read again from the file). Loading
+// calls it once a mapped tensor has been converted into a copy, so the copy does not come on top.
+void release_mapped_pages(const void* data, size_t bytes);
+
 }  // namespace meshtune

@@ -41,10 +41,14 @@ WeightMatrix quantize_matrix_int8(const WeightMatrix& W) {
   auto storage = std::make_shared<Int8Storage>();
   storage->codes.resize(size_t(W.rows) * size_t(W.cols));
   storage->scales.resize(size_t(W.rows));
-  std::vector<float> row(static_cast<size_t>(W.cols));
-  for (int64_t r = 0; r < W.rows; ++r) {
-    W.row_to_f32(r, row.data());
-    storage->scales[size_t(r)] = quantize_int8(row.data(), W.cols, storage->codes.data() + r * W.cols);
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(W.cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < W.rows; ++r) {
+      W.row_to_f32(r, row.data());
+      storage->scales[size_t(r)] = quantize_int8(row.data(), W.cols, storage->codes.data() + r * W.cols);
+    }
   }
   WeightMatrix q;
   q.rows = W.rows;
@@ -57,19 +61,20 @@ WeightMatrix quantize_matrix_int8(const WeightMatrix& W) {
 }
 
 void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y) {
-  std::vector<int8_t> codes(static_cast<size_t>(M * W.cols));
-  std::vector<float> x_scales(static_cast<size_t>(M));
+  // Per-thread scratch kept between calls: decode calls this hundreds of times per token.
+  thread_local std::vector<int8_t> codes;
+  thread_local std::vector<float> x_scales;
+  codes.resize(static_cast<size_t>(M * W.cols));
+  x_scales.resize(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m) x_scales[size_t(m)] = quantize_int8(x + m * W.cols, W.cols, codes.data() + m * W.cols);
-  std::vector<int32_t> sums(static_cast<size_t>(M * W.rows));
   switch (cpu_path()) {
     case CpuPath::Avx512:
-    case CpuPath::Avx512Bf16: cpu::dot_int8_avx512(codes.data(), M, W.i8(), W.rows, W.cols, sums.data()); break;
-    case CpuPath::Avx2: cpu::dot_int8_avx2(codes.data(), M, W.i8(), W.rows, W.cols, sums.data()); break;
-    case CpuPath::Generic: cpu::dot_int8_generic(codes.data(), M, W.i8(), W.rows, W.cols, sums.data()); break;
+    case CpuPath::Avx512Bf16:
+      return cpu::dot_int8_avx512(codes.data(), M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, y);
+    case CpuPath::Avx2: return cpu::dot_int8_avx2(codes.data(), M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, y);
+    case CpuPath::Generic:
+      return cpu::dot_int8_generic(codes.data(), M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, y);
   }
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t r = 0; r < W.rows; ++r)
-      y[m * W.rows + r] = float(sums[size_t(m * W.rows + r)]) / (x_scales[size_t(m)] * W.scales[r]);
 }
 
 void linear_int8_reference(const float* x, int64_t M, const WeightMatrix& W, float* y) {

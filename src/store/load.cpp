@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_util.h"
 #include "core/json.h"
 #include "io/keras_h5.h"
 #include "io/safetensors.h"
@@ -223,8 +224,9 @@ GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
           ", expected a floating-point type", t.dtype == DType::I8 ? " (int8 needs a dtype policy map in config.json)" : "");
     if (keras) t = keras_to_ours(t, spec.kind);
     if (!w) *model.vector(spec.slot, spec.layer) = to_f32(t);
-    else if (options.quantize_int8) *w = quantize_matrix_int8(to_matrix(t, /*keep_bf16=*/true, !keras));
-    else *w = to_matrix(t, keep_bf16, /*mapped=*/!keras);
+    else *w = options.quantize_int8 ? quantize_matrix_int8(to_matrix(t, /*keep_bf16=*/true, !keras))
+                                    : to_matrix(t, keep_bf16, /*mapped=*/!keras);
+    if (!keras && w && w->data != t.data) release_mapped_pages(t.data, t.nbytes());  // converted: the map's pages go
   }
   check(int8_layers.empty(), dir.config_path, ": the dtype policy map names layer ",
         int8_layers.empty() ? "" : *int8_layers.begin(), ", which has no matrix in this model");

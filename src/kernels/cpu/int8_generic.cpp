@@ -6,7 +6,8 @@
 
 namespace meshtune::cpu {
 
-void dot_int8_generic(const int8_t* x, int64_t M, const int8_t* w, int64_t rows, int64_t cols, int32_t* acc) {
+void dot_int8_generic(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales,
+                      int64_t rows, int64_t cols, float* y) {
 #pragma omp parallel
   {
     int64_t r0, r1;
@@ -17,7 +18,7 @@ void dot_int8_generic(const int8_t* x, int64_t M, const int8_t* w, int64_t rows,
         const int8_t* xm = x + m * cols;
         int32_t s = 0;
         for (int64_t c = 0; c < cols; ++c) s += int32_t(xm[c]) * int32_t(wr[c]);
-        acc[m * rows + r] = s;
+        y[m * rows + r] = float(s) / (x_scales[m] * w_scales[r]);
       }
     }
   }
