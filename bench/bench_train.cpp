@@ -31,11 +31,13 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/features.h"
+#include "kernels/int8.h"
 #include "model/backward.h"
 #include "model/gemma.h"
-#include "kernels/cpu/features.h"
 #include "model/init.h"
 #include "model/lora.h"
+#include "model/variables.h"
 #include "run_stats.h"
 #include "train/trainer.h"
 
@@ -46,6 +48,7 @@ namespace {
 
 struct Options {
   std::string shape = "small";
+  std::string weights = "f32";  // the frozen base: f32, bf16, or int8 (quantized from f32, Keras' formula)
   int layers = 0;  // 0 = the shape's default (small 2, 2b 18)
   int threads = 2;
   int steps = 5;
@@ -62,6 +65,8 @@ Options parse_args(int argc, char** argv) {
   Options o;
   CLI::App app("bench_train: LoRA training steps of a random Gemma model; one JSON line on stdout");
   app.add_option("--shape", o.shape, "small or 2b")->check(CLI::IsMember({"small", "2b"}));
+  app.add_option("--weights", o.weights, "Frozen base weights: f32, bf16 or int8")
+      ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   app.add_option("--layers", o.layers, "Decoder blocks (0: the shape's default)")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.threads, "OpenMP threads")->check(CLI::PositiveNumber);
   app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber);
@@ -167,7 +172,10 @@ int main(int argc, char** argv) {
     const int64_t B = o.batch, T = o.seq_len, M = B * T, V = c.vocab_size;
 
     auto t0 = Clock::now();
-    GemmaModel model = random_model(c, 1234, DType::F32);
+    GemmaModel model = random_model(c, 1234, o.weights == "bf16" ? DType::BF16 : DType::F32);
+    if (o.weights == "int8")
+      for (const VariableSpec& spec : gemma_variables(c))
+        if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
     const double init_s = seconds_since(t0);
     std::cerr << "bench_train: " << o.shape << " L" << c.num_layers << ": random weights in " << init_s << " s\n";
 
@@ -196,6 +204,7 @@ int main(int argc, char** argv) {
     };
     if (!o.dump.empty()) {  // the inputs, before the Trainer takes the model
       check(V * c.hidden_dim <= (int64_t(1) << 26), "--dump is meant for small shapes");
+      check(o.weights == "f32", "--dump writes fp32 weights: use --weights f32");
       const int64_t D = c.hidden_dim;
       auto mat = [&](const std::string& name, const WeightMatrix& w) { dump_floats(name, w.f32(), {w.rows, w.cols}); };
       mat("embed", model.embeddings);
@@ -265,6 +274,7 @@ int main(int argc, char** argv) {
     nlohmann::ordered_json j;
     j["impl"] = "meshtune";
     j["shape"] = o.shape;
+    j["weights"] = o.weights;
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
     j["cpu_features"] = meshtune::cpu_features().summary();

@@ -1,6 +1,6 @@
 // The small data-movement and elementwise steps between the big kernels, so that model code reads
-// like the math and holds no loops of its own: residual adds, scaling, the embedding lookup (and
-// its gradient), the KV-cache write, gathering and scattering rows.
+// like the math and holds no loops of its own: copies, residual adds, scaling, the embedding lookup
+// (and its gradient), the KV-cache write, gathering and scattering rows.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -9,6 +9,7 @@
 
 namespace meshtune {
 
+void copy_values(const float* src, int64_t n, float* dst);  // dst = src
 void add_into(float* x, const float* y, int64_t n);     // x += y
 void scale_in_place(float* x, int64_t n, float factor);  // x *= factor
 
@@ -34,14 +35,10 @@ void scatter_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim,
 // interleaved into rows of [M, parts·part].
 void interleave_column_blocks(const float* blocks, int parts, int64_t M, int64_t part, float* out);
 
-}  // namespace meshtune
-
-namespace meshtune {
 // The first i < n with ids[i] outside [0, limit), or −1.
 int64_t first_id_outside(const int32_t* ids, int64_t n, int64_t limit);
-}  // namespace meshtune
 
-namespace meshtune {
 // The indices i < n with values[i] ≠ 0 (the rows a weighted loss has to look at).
 std::vector<int64_t> nonzero_positions(const float* values, int64_t n);
+
 }  // namespace meshtune

@@ -26,30 +26,30 @@ static void project_backward(const GemmaModel& model, int layer, Slot slot, cons
 // ∂L/∂(block output) [M, D]; on exit ∂L/∂(block input). Weight gradients are added into g.
 static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWeights& w, int layer,
                                    const BlockActivations& a, int64_t B, int64_t T, const uint8_t* key_valid,
-                                   const LayerGradients& g, std::vector<float>& dx, TrainingWorkspace& ws) {
+                                   const LayerGradients& g, FloatBuffer& dx, TrainingWorkspace& ws) {
   const GemmaConfig& c = model.config;
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
                 F = c.ffw_dim;
   const float eps = c.layer_norm_epsilon;
   // Workspace buffers: each is overwritten by the kernel that produces it (none accumulates into
   // stale values), so they are sized but not cleared.
-  auto sized = [](std::vector<float>& v, int64_t n) -> std::vector<float>& {
+  auto sized = [](FloatBuffer& v, int64_t n) -> FloatBuffer& {
     v.resize(static_cast<size_t>(n));
     return v;
   };
 
   // --- feed-forward branch: out = mid + post_ffw_norm(ffw_linear(gelu(gate)·up)) ---
-  std::vector<float>& d_branch = ws.d_branch;
-  d_branch.assign(dx.begin(), dx.end());
+  FloatBuffer& d_branch = sized(ws.d_branch, M * D);
+  copy_values(dx.data(), M * D, d_branch.data());
   if (c.use_post_ffw_norm)
     rmsnorm_backward(a.ffw_projected.data(), w.post_ffw_norm.data(), M, D, eps, d_branch.data(), d_branch.data(),
                      g.post_ffw_norm);
-  std::vector<float>&d_activated = sized(ws.d_activated, M * F), &d_gate = sized(ws.d_gate, M * F),
-                     &d_up = sized(ws.d_up, M * F);
+  FloatBuffer &d_activated = sized(ws.d_activated, M * F), &d_gate = sized(ws.d_gate, M * F),
+              &d_up = sized(ws.d_up, M * F);
   project_backward(model, layer, Slot::FfwLinear, a.activated.data(), d_branch.data(), M, w.ffw_linear,
                    d_activated.data(), false, g.ffw_linear);
   geglu_backward(a.gate.data(), a.up.data(), d_activated.data(), M * F, d_gate.data(), d_up.data());
-  std::vector<float>& d_normed = sized(ws.d_normed, M * D);
+  FloatBuffer& d_normed = sized(ws.d_normed, M * D);
   project_backward(model, layer, Slot::FfwGating, a.ffw_normed.data(), d_gate.data(), M, w.ffw_gating,
                    d_normed.data(), false, g.ffw_gating);
   project_backward(model, layer, Slot::FfwGating2, a.ffw_normed.data(), d_up.data(), M, w.ffw_gating_2,
@@ -59,14 +59,14 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
   add_into(dx.data(), d_normed.data(), M * D);  // now ∂L/∂mid
 
   // --- attention branch: mid = input + post_attention_norm(attention_output(attention(q, k, v))) ---
-  d_branch.assign(dx.begin(), dx.end());
+  copy_values(dx.data(), M * D, d_branch.data());
   if (c.use_post_attention_norm)
     rmsnorm_backward(a.attn_projected.data(), w.post_attention_norm.data(), M, D, eps, d_branch.data(),
                      d_branch.data(), g.post_attention_norm);
-  std::vector<float>& d_attended = sized(ws.d_attended, M * N * H);
+  FloatBuffer& d_attended = sized(ws.d_attended, M * N * H);
   project_backward(model, layer, Slot::AttentionOutput, a.attended.data(), d_branch.data(), M, w.attention_output,
                    d_attended.data(), false, g.attention_output);
-  std::vector<float>&dq = sized(ws.dq, M * N * H), &dk = sized(ws.dk, M * K * H), &dv = sized(ws.dv, M * K * H);
+  FloatBuffer &dq = sized(ws.dq, M * N * H), &dk = sized(ws.dk, M * K * H), &dv = sized(ws.dv, M * K * H);
   attention_backward(a.q.data(), a.k.data(), a.v.data(), key_valid, attention_shape(c, layer, B, T, 0, T),
                      d_attended.data(), dq.data(), dk.data(), dv.data());
   const float scale = c.query_scale();
@@ -137,9 +137,12 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   Communicator* vocab_group = model.vocab_parallel() ? model.tensor_parallel : nullptr;
   // Rows per chunk: up to 256, with at most 64 Mi logits (256 MiB) at a time.
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 26) / part));
-  std::vector<float> d_hidden(static_cast<size_t>(grads ? M * D : 0), 0.f);
-  std::vector<float> h_chunk(static_cast<size_t>(chunk * D)), d_h_chunk(static_cast<size_t>(chunk * D));
-  std::vector<float>& logits = ws.logits;  // overwritten chunk by chunk
+  // Rows with zero weight get no gradient: d_hidden starts at zero, the chunks scatter into it.
+  FloatBuffer& d_hidden = ws.d_hidden;
+  if (grads) d_hidden = FloatBuffer(static_cast<size_t>(M * D));
+  FloatBuffer &h_chunk = ws.h_chunk, &d_h_chunk = ws.d_h_chunk, &logits = ws.logits;  // overwritten chunk by chunk
+  h_chunk.resize(static_cast<size_t>(chunk * D));
+  d_h_chunk.resize(static_cast<size_t>(chunk * D));
   logits.resize(static_cast<size_t>(chunk * part));
   SoftmaxRows stats;
   double sums[3] = {0, 0, 0};  // Σ w·CE, Σ w·correct, Σ w
@@ -172,7 +175,7 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   if (!grads) return totals;
 
   // Final norm, then the blocks in reverse, then the scaled embedding lookup.
-  std::vector<float>& dx = d_hidden;
+  FloatBuffer& dx = d_hidden;
   const std::vector<float>& final_input = trace.block_outputs.back();
   rmsnorm_backward(final_input.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, dx.data(), dx.data(),
                    grads->final_norm);

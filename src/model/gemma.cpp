@@ -85,8 +85,10 @@ std::vector<float>* GemmaModel::vector(Slot slot, int layer) {
 
 KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s) : batch(b), capacity(s) {
   const size_t per_layer = size_t(b) * size_t(s) * size_t(c.num_key_value_heads) * size_t(c.head_dim);
-  keys.assign(size_t(c.num_layers), std::vector<float>(per_layer));
-  values.assign(size_t(c.num_layers), std::vector<float>(per_layer));
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    keys.emplace_back(per_layer);
+    values.emplace_back(per_layer);
+  }
   key_valid.assign(size_t(b) * size_t(s), 1);
 }
 
@@ -113,8 +115,12 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
                 F = c.ffw_dim, S = cache.capacity;
   const float eps = c.layer_norm_epsilon;
   // Every buffer is overwritten by its producer, so a reused one keeps its memory and is not cleared.
-  auto buffer = [](std::vector<float>& v, int64_t n) { v.resize(static_cast<size_t>(n)); };
-  a.input.assign(x, x + M * D);
+  auto buffer = [](FloatBuffer& v, int64_t n) { v.resize(static_cast<size_t>(n)); };
+  auto copy = [](const float* src, int64_t n, FloatBuffer& dst) {
+    dst.resize(static_cast<size_t>(n));
+    copy_values(src, n, dst.data());
+  };
+  copy(x, M * D, a.input);
 
   // --- attention ---
   buffer(a.attn_normed, M * D);
@@ -126,8 +132,8 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   project(model, layer, Slot::Key, a.attn_normed.data(), M, w.key, a.k.data());
   project(model, layer, Slot::Value, a.attn_normed.data(), M, w.value, a.v.data());
   if (c.use_query_key_norm) {  // Gemma 3: per-head RMSNorm before RoPE
-    a.q_raw = a.q;
-    a.k_raw = a.k;
+    copy(a.q.data(), M * N * H, a.q_raw);
+    copy(a.k.data(), M * K * H, a.k_raw);
     rmsnorm(a.q_raw.data(), w.query_norm.data(), M * N, H, eps, a.q.data());
     rmsnorm(a.k_raw.data(), w.key_norm.data(), M * K, H, eps, a.k.data());
   }
@@ -149,10 +155,11 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
             a.attended.data());
   project(model, layer, Slot::AttentionOutput, a.attended.data(), M, w.attention_output, a.attn_projected.data());
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.attn_projected.data(), size_t(M * D));  // Σ over heads
-  std::vector<float> residual = a.attn_projected;
+  FloatBuffer& residual = a.residual;
+  copy(a.attn_projected.data(), M * D, residual);
   if (c.use_post_attention_norm) rmsnorm(residual.data(), w.post_attention_norm.data(), M, D, eps, residual.data());
   add_into(x, residual.data(), M * D);
-  a.mid.assign(x, x + M * D);
+  copy(x, M * D, a.mid);
 
   // --- feed-forward (GeGLU) ---
   buffer(a.ffw_normed, M * D);
@@ -162,11 +169,11 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   rmsnorm(x, w.pre_ffw_norm.data(), M, D, eps, a.ffw_normed.data());
   project(model, layer, Slot::FfwGating, a.ffw_normed.data(), M, w.ffw_gating, a.gate.data());
   project(model, layer, Slot::FfwGating2, a.ffw_normed.data(), M, w.ffw_gating_2, a.up.data());
-  a.activated = a.gate;
+  copy(a.gate.data(), M * F, a.activated);
   geglu(a.activated.data(), a.up.data(), M * F);
   project(model, layer, Slot::FfwLinear, a.activated.data(), M, w.ffw_linear, a.ffw_projected.data());
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.ffw_projected.data(), size_t(M * D));  // Σ over width
-  residual = a.ffw_projected;
+  copy(a.ffw_projected.data(), M * D, residual);
   if (c.use_post_ffw_norm) rmsnorm(residual.data(), w.post_ffw_norm.data(), M, D, eps, residual.data());
   add_into(x, residual.data(), M * D);
 }
@@ -180,24 +187,26 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
         " positions needed, ", cache.batch, " × ", cache.capacity, " allocated");
   if (const int64_t m = first_id_outside(tokens, M, c.vocab_size); m >= 0)
     fail("token id ", tokens[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ", c.vocab_size, ")");
-  std::vector<float> x(size_t(M * D));
+  FloatBuffer x(size_t(M * D));  // the residual stream
+  auto copy_out = [&x, M, D](std::vector<float>& host) { host.assign(x.data(), x.data() + M * D); };
   embedding_lookup(model.embeddings, model.vocab_offset, tokens, M, x.data());
   // Vocabulary split: each row came from one process, the others hold zeros there.
   if (model.vocab_parallel()) model.tensor_parallel->all_reduce_sum(x.data(), x.size());
-  if (trace) trace->embedding_lookup = x;
+  if (trace) copy_out(trace->embedding_lookup);
   const float embedding_scale = float(std::sqrt(double(D)));  // rounded to the compute dtype first
   scale_in_place(x.data(), M * D, embedding_scale);
-  if (trace) trace->embedding_scaled = x;
+  if (trace) copy_out(trace->embedding_scaled);
 
   if (saved) saved->resize(static_cast<size_t>(c.num_layers));  // reuses the buffers of a previous step
   BlockActivations scratch;
   for (int layer = 0; layer < c.num_layers; ++layer) {
     BlockActivations& a = saved ? (*saved)[size_t(layer)] : scratch;
     decoder_block(model, model.layer_weights(layer), layer, x.data(), B, T, start, cache, a);
-    if (trace) trace->block_outputs.push_back(x);
+    if (trace) copy_out(trace->block_outputs.emplace_back());
   }
-  rmsnorm(x.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, x.data());
-  return x;
+  std::vector<float> hidden(static_cast<size_t>(M * D));  // the caller's, on the host
+  rmsnorm(x.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, hidden.data());
+  return hidden;
 }
 
 void lm_head_local(const GemmaModel& model, const float* hidden, int64_t M, float* logits) {
@@ -211,7 +220,7 @@ void lm_head(const GemmaModel& model, const float* hidden, int64_t M, float* log
   // Each process' columns, gathered (in process = vocabulary order) and laid out row by row.
   const int64_t part = model.embeddings.rows;
   Communicator& comm = *model.tensor_parallel;
-  std::vector<float> mine(static_cast<size_t>(M * part)), all(static_cast<size_t>(M * part) * size_t(comm.size()));
+  FloatBuffer mine(static_cast<size_t>(M * part)), all(static_cast<size_t>(M * part) * size_t(comm.size()));
   lm_head_local(model, hidden, M, mine.data());
   comm.all_gather(mine.data(), mine.size(), all.data());
   interleave_column_blocks(all.data(), comm.size(), M, part, logits);

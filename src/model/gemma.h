@@ -10,6 +10,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/buffer.h"
 #include "distribution/communicator.h"
 #include "kernels/attention.h"
 #include "kernels/linear.h"
@@ -84,33 +85,36 @@ void project(const GemmaModel& model, int layer, Slot slot, const float* x, int6
 // are real tokens (key_valid = 0 marks padding keys, which no query may attend to).
 struct KVCache {
   int64_t batch = 0, capacity = 0;
-  std::vector<std::vector<float>> keys, values;  // per layer: [B, S, K, H]
-  std::vector<uint8_t> key_valid;                // [B, S]
+  std::vector<FloatBuffer> keys, values;  // per layer: [B, S, K, H], zeros at first
+  std::vector<uint8_t> key_valid;         // [B, S], set by the caller
   KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity);
 };
 
 // The attention geometry of `layer` for queries at start … start+T−1 over S cached keys.
 AttentionShape attention_shape(const GemmaConfig& config, int layer, int64_t B, int64_t T, int64_t start, int64_t S);
 
-// Intermediate values the Keras fixtures record, filled when a trace is passed.
+// Intermediate values the Keras fixtures record, filled when a trace is passed (copied out to the
+// host: tests and the training loss read them there).
 struct ForwardTrace {
   std::vector<float> embedding_lookup, embedding_scaled;  // [B·T, D]
   std::vector<std::vector<float>> block_outputs;          // per block: [B·T, D]
 };
 
-// The intermediate values of one decoder block that backward needs (kept when training).
+// The intermediate values of one decoder block that backward needs (kept when training), plus
+// the block's one temporary (`residual`).
 struct BlockActivations {
-  std::vector<float> input;          // x entering the block [M, D]
-  std::vector<float> attn_normed;    // pre_attention_norm(x) [M, D]
-  std::vector<float> q_raw, k_raw;   // projections before the Gemma 3 q/k norm [M, N·H], [M, K·H]
-  std::vector<float> q, k, v;        // after norm + RoPE (+ query scale for q) [M, N·H], [M, K·H]
-  std::vector<float> attended;       // attention output per head [M, N·H]
-  std::vector<float> attn_projected; // attention_output(attended), before post-norm [M, D]
-  std::vector<float> mid;            // x after the attention residual [M, D]
-  std::vector<float> ffw_normed;     // pre_ffw_norm(mid) [M, D]
-  std::vector<float> gate, up;       // gate/up projections before GeGLU [M, F]
-  std::vector<float> activated;      // gelu(gate)·up [M, F]
-  std::vector<float> ffw_projected;  // ffw_linear(activated), before post-norm [M, D]
+  FloatBuffer input;          // x entering the block [M, D]
+  FloatBuffer attn_normed;    // pre_attention_norm(x) [M, D]
+  FloatBuffer q_raw, k_raw;   // projections before the Gemma 3 q/k norm [M, N·H], [M, K·H]
+  FloatBuffer q, k, v;        // after norm + RoPE (+ query scale for q) [M, N·H], [M, K·H]
+  FloatBuffer attended;       // attention output per head [M, N·H]
+  FloatBuffer attn_projected; // attention_output(attended), before post-norm [M, D]
+  FloatBuffer mid;            // x after the attention residual [M, D]
+  FloatBuffer ffw_normed;     // pre_ffw_norm(mid) [M, D]
+  FloatBuffer gate, up;       // gate/up projections before GeGLU [M, F]
+  FloatBuffer activated;      // gelu(gate)·up [M, F]
+  FloatBuffer ffw_projected;  // ffw_linear(activated), before post-norm [M, D]
+  FloatBuffer residual;       // a branch's output after its post-norm [M, D] (temporary)
 };
 
 // Runs the backbone on tokens [B, T] placed at positions start .. start+T−1 of every row, writing
