@@ -68,8 +68,9 @@ void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y) {
   x_scales.resize(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m) x_scales[size_t(m)] = quantize_int8(x + m * W.cols, W.cols, codes.data() + m * W.cols);
   switch (cpu_path()) {
+    case CpuPath::Avx512Bf16:  // implies VNNI
+      return cpu::dot_int8_avx512vnni(codes.data(), M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, y);
     case CpuPath::Avx512:
-    case CpuPath::Avx512Bf16:
       return cpu::dot_int8_avx512(codes.data(), M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, y);
     case CpuPath::Avx2: return cpu::dot_int8_avx2(codes.data(), M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, y);
     case CpuPath::Generic:

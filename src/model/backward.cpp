@@ -46,8 +46,17 @@ static void decoder_block_backward(const GemmaModel& model, const DecoderLayerWe
                      g.post_ffw_norm);
   FloatBuffer &d_activated = sized(ws.d_activated, M * F), &d_gate = sized(ws.d_gate, M * F),
               &d_up = sized(ws.d_up, M * F);
-  project_backward(model, layer, Slot::FfwLinear, a.activated.data(), d_branch.data(), M, w.ffw_linear,
-                   d_activated.data(), false, g.ffw_linear);
+  // ffw_linear's input gelu(gate)·up was not kept (F wide); it is recomputed when there is a
+  // gradient of ffw_linear to form (full fine-tuning, or a LoRA term on it).
+  const float* activated = nullptr;
+  if (g.ffw_linear || model.low_rank_term(layer, Slot::FfwLinear).active()) {
+    FloatBuffer& act = sized(ws.activated, M * F);
+    copy_values(a.gate.data(), M * F, act.data());
+    geglu(act.data(), a.up.data(), M * F);
+    activated = act.data();
+  }
+  project_backward(model, layer, Slot::FfwLinear, activated, d_branch.data(), M, w.ffw_linear, d_activated.data(),
+                   false, g.ffw_linear);
   geglu_backward(a.gate.data(), a.up.data(), d_activated.data(), M * F, d_gate.data(), d_up.data());
   FloatBuffer& d_normed = sized(ws.d_normed, M * D);
   project_backward(model, layer, Slot::FfwGating, a.ffw_normed.data(), d_gate.data(), M, w.ffw_gating,

@@ -109,7 +109,7 @@ AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64
 // One decoder block, in place on the residual stream x [M = B·T, D]; `a` receives the block's
 // intermediate values (the caller keeps them for backward, or drops them).
 static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w, int layer, float* x, int64_t B,
-                          int64_t T, int64_t start, KVCache& cache, BlockActivations& a) {
+                          int64_t T, int64_t start, KVCache& cache, BlockActivations& a, BlockScratch& s) {
   const GemmaConfig& c = model.config;
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
                 F = c.ffw_dim, S = cache.capacity;
@@ -155,7 +155,7 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
             a.attended.data());
   project(model, layer, Slot::AttentionOutput, a.attended.data(), M, w.attention_output, a.attn_projected.data());
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.attn_projected.data(), size_t(M * D));  // Σ over heads
-  FloatBuffer& residual = a.residual;
+  FloatBuffer& residual = s.residual;
   copy(a.attn_projected.data(), M * D, residual);
   if (c.use_post_attention_norm) rmsnorm(residual.data(), w.post_attention_norm.data(), M, D, eps, residual.data());
   add_into(x, residual.data(), M * D);
@@ -169,9 +169,9 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   rmsnorm(x, w.pre_ffw_norm.data(), M, D, eps, a.ffw_normed.data());
   project(model, layer, Slot::FfwGating, a.ffw_normed.data(), M, w.ffw_gating, a.gate.data());
   project(model, layer, Slot::FfwGating2, a.ffw_normed.data(), M, w.ffw_gating_2, a.up.data());
-  copy(a.gate.data(), M * F, a.activated);
-  geglu(a.activated.data(), a.up.data(), M * F);
-  project(model, layer, Slot::FfwLinear, a.activated.data(), M, w.ffw_linear, a.ffw_projected.data());
+  copy(a.gate.data(), M * F, s.activated);
+  geglu(s.activated.data(), a.up.data(), M * F);
+  project(model, layer, Slot::FfwLinear, s.activated.data(), M, w.ffw_linear, a.ffw_projected.data());
   if (model.tensor_parallel) model.tensor_parallel->all_reduce_sum(a.ffw_projected.data(), size_t(M * D));  // Σ over width
   copy(a.ffw_projected.data(), M * D, residual);
   if (c.use_post_ffw_norm) rmsnorm(residual.data(), w.post_ffw_norm.data(), M, D, eps, residual.data());
@@ -198,10 +198,11 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
   if (trace) copy_out(trace->embedding_scaled);
 
   if (saved) saved->resize(static_cast<size_t>(c.num_layers));  // reuses the buffers of a previous step
-  BlockActivations scratch;
+  BlockActivations unsaved;
+  BlockScratch scratch;
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    BlockActivations& a = saved ? (*saved)[size_t(layer)] : scratch;
-    decoder_block(model, model.layer_weights(layer), layer, x.data(), B, T, start, cache, a);
+    BlockActivations& a = saved ? (*saved)[size_t(layer)] : unsaved;
+    decoder_block(model, model.layer_weights(layer), layer, x.data(), B, T, start, cache, a, scratch);
     if (trace) copy_out(trace->block_outputs.emplace_back());
   }
   std::vector<float> hidden(static_cast<size_t>(M * D));  // the caller's, on the host

@@ -100,8 +100,9 @@ struct ForwardTrace {
   std::vector<std::vector<float>> block_outputs;          // per block: [B·T, D]
 };
 
-// The intermediate values of one decoder block that backward needs (kept when training), plus
-// the block's one temporary (`residual`).
+// The intermediate values of one decoder block that backward needs (kept when training). Not kept:
+// ffw_linear's input gelu(gate)·up, F wide (backward recomputes it when it needs it), and the
+// residual branch after its post-norm; those live in BlockScratch, shared by the blocks.
 struct BlockActivations {
   FloatBuffer input;          // x entering the block [M, D]
   FloatBuffer attn_normed;    // pre_attention_norm(x) [M, D]
@@ -112,9 +113,11 @@ struct BlockActivations {
   FloatBuffer mid;            // x after the attention residual [M, D]
   FloatBuffer ffw_normed;     // pre_ffw_norm(mid) [M, D]
   FloatBuffer gate, up;       // gate/up projections before GeGLU [M, F]
-  FloatBuffer activated;      // gelu(gate)·up [M, F]
-  FloatBuffer ffw_projected;  // ffw_linear(activated), before post-norm [M, D]
-  FloatBuffer residual;       // a branch's output after its post-norm [M, D] (temporary)
+  FloatBuffer ffw_projected;  // ffw_linear(gelu(gate)·up), before post-norm [M, D]
+};
+struct BlockScratch {
+  FloatBuffer activated;  // gelu(gate)·up [M, F]
+  FloatBuffer residual;   // a branch's output after its post-norm [M, D]
 };
 
 // Runs the backbone on tokens [B, T] placed at positions start .. start+T−1 of every row, writing

@@ -88,7 +88,7 @@ bool cpu_supports(CpuPath path) {
     case CpuPath::Generic: return true;
     case CpuPath::Avx2: return avx2;
     case CpuPath::Avx512: return avx512;
-    case CpuPath::Avx512Bf16: return avx512 && f.avx512_bf16;
+    case CpuPath::Avx512Bf16: return avx512 && f.avx512_bf16 && f.avx512_vnni;  // every such CPU has both
   }
   return false;
 }

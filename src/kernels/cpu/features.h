@@ -8,6 +8,7 @@
 
 namespace meshtune {
 
+// Avx512Bf16 also means AVX512_VNNI (every CPU with the one has the other; its int8 kernel uses it).
 enum class CpuPath { Generic, Avx2, Avx512, Avx512Bf16 };
 
 struct CpuFeatures {

@@ -16,5 +16,7 @@ void dot_int8_avx2(const int8_t* x, int64_t M, const float* x_scales, const int8
                    int64_t rows, int64_t cols, float* y);
 void dot_int8_avx512(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales,
                      int64_t rows, int64_t cols, float* y);
+void dot_int8_avx512vnni(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales,
+                         int64_t rows, int64_t cols, float* y);
 
 }  // namespace meshtune::cpu
