@@ -83,7 +83,8 @@ ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh
     // file; other blocks are copied in the stored dtype (so the whole buffer can be freed).
     const WeightMatrix* w = model_.matrix(spec.slot, spec.layer);
     check(!w || w->dtype != DType::I8, spec.keras_path,
-          ": int8 weights cannot be split across a mesh yet (run int8 on one process, or use float weights)");
+          ": int8 weights cannot be split across a mesh yet (int8 runs on one process or data parallel, "
+          "with no model axis; or use float weights)");
     const bool loaded_as_block = holds_only_block(model_, spec, shard);
     WeightMatrix values;
     if (w && loaded_as_block) values = *w;
