@@ -57,21 +57,13 @@ TEST_P(KerasFixture, GreedyIdsEqualKeras) {
   const KerasCase& c = GetParam();
   const std::string out = fixture(c.outputs) + "/";
   GemmaModel model = load_model(inspect_model_dir(fixture(c.preset)));
-  HostTensor prompt_t = read_npy(out + "generate_prompt_token_ids.npy");
-  const int64_t B = prompt_t.shape[0], L = prompt_t.shape[1];
-  std::vector<int32_t> prompt = npy_ints(out + "generate_prompt_token_ids.npy");
-  std::vector<int32_t> prompt_mask = npy_ints(out + "generate_prompt_padding_mask.npy");
+  const PromptRows prompts = read_prompt_rows(out + "generate_prompt_token_ids.npy", out + "generate_prompt_padding_mask.npy");
+  const int64_t B = prompts.batch, L = prompts.length;
   std::vector<int32_t> expected = npy_ints(out + "generate_greedy_token_ids.npy");
   std::vector<int32_t> expected_mask = npy_ints(out + "generate_greedy_padding_mask.npy");
-  std::vector<std::vector<int32_t>> rows;
-  std::vector<std::vector<uint8_t>> masks;
-  for (int64_t b = 0; b < B; ++b) {
-    rows.emplace_back(prompt.begin() + b * L, prompt.begin() + (b + 1) * L);
-    masks.emplace_back(prompt_mask.begin() + b * L, prompt_mask.begin() + (b + 1) * L);
-  }
   GenerateOptions options;
   options.max_length = int(L);  // the fixture's generate(ids, stop_token_ids=None)
-  GeneratedIds got = generate_ids(model, rows, masks, options);
+  GeneratedIds got = generate_ids(model, prompts.rows, prompts.masks, options);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < L; ++i) {
       EXPECT_EQ(got.token_ids[b][i], expected[b * L + i]) << "row " << b << " position " << i;

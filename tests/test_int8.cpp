@@ -13,6 +13,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "cpu_path_test.h"
 #include "generate/generate.h"
 #include "io/keras_h5.h"
 #include "io/npy.h"
@@ -48,18 +49,7 @@ WeightMatrix random_int8_matrix(int64_t rows, int64_t cols, uint32_t seed) {
 
 bool bit_equal(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
 
-class Int8Linear : public ::testing::TestWithParam<CpuPath> {
- protected:
-  void SetUp() override {
-    if (!cpu_supports(GetParam())) GTEST_SKIP() << "this CPU has no " << cpu_path_name(GetParam()) << " path";
-    saved_ = cpu_path();
-    set_cpu_path(GetParam());
-  }
-  void TearDown() override {
-    if (cpu_supports(GetParam())) set_cpu_path(saved_);
-  }
-  CpuPath saved_ = CpuPath::Generic;
-};
+class Int8Linear : public CpuPathTest {};
 
 // Integer sums are exact, so every path must give the reference's floats bit for bit — over row
 // counts and widths that are not multiples of the SIMD width, the row blocks or the thread split.
@@ -82,9 +72,7 @@ TEST_P(Int8Linear, EveryPathEqualsTheReferenceBitForBit) {
       }
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuPaths, Int8Linear,
-                         ::testing::Values(CpuPath::Generic, CpuPath::Avx2, CpuPath::Avx512, CpuPath::Avx512Bf16),
-                         [](const auto& info) { return std::string(cpu_path_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(CpuPaths, Int8Linear, kEveryCpuPath, cpu_path_test_name);
 
 // Ties round half to even (np.round), not away from zero: with max |v| = m the scale is ≈ 127/m,
 // so v = k.5·m/127 lands on k.5 exactly when the float arithmetic allows; we build such values
@@ -236,20 +224,12 @@ TEST(Int8Keras, LoraOnTheInt8BaseAsLowRankTerms) {
 TEST(Int8Keras, GreedyIdsEqualKeras) {
   const GemmaModel model = load_model(inspect_model_dir(fixture(kInt8Preset)));
   const std::string out = fixture(kOutputs);
-  const HostTensor prompt_t = read_npy(out + "generate_prompt_token_ids.npy");
-  const int64_t B = prompt_t.shape[0], L = prompt_t.shape[1];
-  const std::vector<int32_t> prompt = npy_ints(out + "generate_prompt_token_ids.npy");
-  const std::vector<int32_t> prompt_mask = npy_ints(out + "generate_prompt_padding_mask.npy");
+  const PromptRows prompts = read_prompt_rows(out + "generate_prompt_token_ids.npy", out + "generate_prompt_padding_mask.npy");
+  const int64_t B = prompts.batch, L = prompts.length;
   const std::vector<int32_t> expected = npy_ints(out + "generate_greedy_token_ids.npy");
-  std::vector<std::vector<int32_t>> rows;
-  std::vector<std::vector<uint8_t>> masks;
-  for (int64_t b = 0; b < B; ++b) {
-    rows.emplace_back(prompt.begin() + b * L, prompt.begin() + (b + 1) * L);
-    masks.emplace_back(prompt_mask.begin() + b * L, prompt_mask.begin() + (b + 1) * L);
-  }
   GenerateOptions options;
   options.max_length = int(L);
-  const GeneratedIds got = generate_ids(model, rows, masks, options);
+  const GeneratedIds got = generate_ids(model, prompts.rows, prompts.masks, options);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < L; ++i) EXPECT_EQ(got.token_ids[size_t(b)][size_t(i)], expected[size_t(b * L + i)]);
 }

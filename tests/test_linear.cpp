@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_path_test.h"
 #include "kernels/cpu/features.h"
 #include "kernels/linear.h"
 
@@ -73,18 +74,7 @@ void expect_matches_reference(int64_t M, int64_t rows, int64_t cols, DType dtype
 }
 
 // Each test runs once per CPU path; a path this CPU lacks is skipped (and says so).
-class Linear : public ::testing::TestWithParam<CpuPath> {
- protected:
-  void SetUp() override {
-    if (!cpu_supports(GetParam())) GTEST_SKIP() << "this CPU has no " << cpu_path_name(GetParam()) << " path";
-    saved_ = cpu_path();
-    set_cpu_path(GetParam());
-  }
-  void TearDown() override {
-    if (cpu_supports(GetParam())) set_cpu_path(saved_);
-  }
-  CpuPath saved_ = CpuPath::Generic;
-};
+class Linear : public testing::CpuPathTest {};
 
 const int64_t kRowCounts[] = {1, 2, 3, 4, 5, 7, 33, 130};
 const int64_t kDims[] = {1, 3, 17, 61, 100, 257};
@@ -150,9 +140,7 @@ TEST_P(Linear, WideningMatchesTheScalarConversion) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(CpuPaths, Linear,
-                         ::testing::Values(CpuPath::Generic, CpuPath::Avx2, CpuPath::Avx512, CpuPath::Avx512Bf16),
-                         [](const auto& info) { return std::string(cpu_path_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(CpuPaths, Linear, testing::kEveryCpuPath, testing::cpu_path_test_name);
 
 }  // namespace
 }  // namespace meshtune

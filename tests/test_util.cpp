@@ -45,6 +45,19 @@ std::vector<int32_t> npy_ints(const std::string& path) {
   return out;
 }
 
+PromptRows read_prompt_rows(const std::string& ids_path, const std::string& mask_path) {
+  const HostTensor ids_t = read_npy(ids_path);
+  PromptRows p;
+  p.batch = ids_t.shape[0];
+  p.length = ids_t.shape[1];
+  const std::vector<int32_t> ids = npy_ints(ids_path), mask = npy_ints(mask_path);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    p.rows.emplace_back(ids.begin() + b * p.length, ids.begin() + (b + 1) * p.length);
+    p.masks.emplace_back(mask.begin() + b * p.length, mask.begin() + (b + 1) * p.length);
+  }
+  return p;
+}
+
 double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
                       size_t width) {
   EXPECT_EQ(a.size(), b.size());

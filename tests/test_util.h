@@ -31,6 +31,14 @@ nlohmann::json load_json(const std::string& path);
 std::vector<float> npy_floats(const std::string& path);
 std::vector<int32_t> npy_ints(const std::string& path);
 
+// A [B, L] prompt batch and its padding mask (.npy files) as the rows generate_ids takes.
+struct PromptRows {
+  int64_t batch = 0, length = 0;
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<std::vector<uint8_t>> masks;
+};
+PromptRows read_prompt_rows(const std::string& ids_path, const std::string& mask_path);
+
 // Max |a − b| over the valid (mask ≠ 0) token positions; a and b are [B, T, width].
 double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
                       size_t width);
