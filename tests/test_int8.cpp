@@ -291,6 +291,21 @@ TEST(Int8Cli, ExportWritesAKerasInt8Preset) {
   EXPECT_NE(hf.err.find("no int8 form"), std::string::npos) << hf.err;
 }
 
+// info lists an int8 preset's variables as Keras does: int8 kernels, their float32 scales as
+// variables of their own, and the parameter count Keras' metadata.json gives (scales included).
+TEST(Int8Cli, InfoShowsDtypesScalesAndKerasParameterCount) {
+  const CommandResult r = run_meshtune("info " + fixture(kInt8Preset));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const long long keras_count = load_json(fixture(kInt8Preset) + "/metadata.json")["parameter_count"];
+  EXPECT_EQ(keras_count, 135912);
+  EXPECT_NE(r.out.find("Total params: 135,912"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Trainable params: 320 "), std::string::npos) << r.out;  // the norm scales
+  for (const std::string line : {"decoder_block_0/attention/query/kernel        ", "(4, 64, 16)             int8",
+                                 "decoder_block_0/attention/query/kernel_scale  ", "(1, 1, 4, 16)           float32",
+                                 "token_embedding/embeddings_scale", "(1000,)                 float32"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+}
+
 TEST(Int8Cli, FullFineTuningOfInt8WeightsIsRefused) {
   const CommandResult r = run_meshtune("finetune " + fixture(kInt8Preset) + " --full --data sample --take 4 --steps 1 "
                                        "--batch-size 2 --seq-len 16 --no-progress --out " + make_temp_dir("int8-full") + "/run");

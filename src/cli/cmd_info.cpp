@@ -46,11 +46,6 @@ static std::vector<std::string> split_commas(const std::string& text) {
   return out;
 }
 
-// "1x8" -> {1, 8}. Parsed here rather than through DeviceMesh: a dry run needs no communicator.
-static const char* stored_dtype(const GemmaModel& m, const VariableSpec& spec) {
-  const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
-  return w ? dtype_name(w->dtype) : "float32";
-}
 
 Runner add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Show a model's config, parameter summary and variables");
@@ -92,26 +87,41 @@ Runner add_info_command(CLI::App& app) {
     const GemmaConfig& c = loaded.model.config;
     const LayoutMap layout = mesh_shape.empty() ? LayoutMap{} : m.make_layout(c, mesh_shape, axis_names);
 
-    long long total = 0;
-    double bytes = 0;
-    auto vars = gemma_variables(c);
+    // Every variable as Keras lists it: an int8 layer's kernel is int8 and frozen, and its float32
+    // scale (kernel_scale, embeddings_scale) is a variable of its own, frozen too.
+    struct Row {
+      std::string path;
+      Shape shape;
+      DType dtype;
+      bool trainable;
+      double bytes() const { return double(num_elements(shape)) * double(dtype_size(dtype)); }
+    };
+    std::vector<Row> rows;
+    const auto vars = gemma_variables(c);
     for (const auto& v : vars) {
-      long long n = num_elements(v.keras_shape);
-      total += n;
-      bytes += double(n) * double(dtype_size(std::string(stored_dtype(loaded.model, v)) == "bfloat16" ? DType::BF16 : DType::F32));
+      const WeightMatrix* w = loaded.model.matrix(v.slot, v.layer);
+      const DType dtype = w ? w->dtype : DType::F32;
+      rows.push_back({v.keras_path, v.keras_shape, dtype, dtype != DType::I8});
+      if (dtype == DType::I8)
+        rows.push_back({keras_layer(v) + (v.slot == Slot::Embeddings ? "/embeddings_scale" : "/kernel_scale"),
+                        keras_int8_scale_shape(v), DType::F32, false});
     }
     std::vector<std::pair<std::string, Shape>> lora_vars;
-    long long trainable = total;
-    double trainable_bytes = bytes;
-    if (o->lora_rank > 0) {
+    if (o->lora_rank > 0) {  // enable_lora freezes everything else
+      for (Row& r : rows) r.trainable = false;
       std::vector<std::string> targets = split_commas(o->lora_targets);
       LoraWeights lora = enable_lora(c, o->lora_rank, parse_lora_targets(targets), 0);
-      trainable = lora.num_parameters();
-      trainable_bytes = double(trainable) * 4;
       for (const LoraAdapter& a : lora.adapters) {
         lora_vars.push_back({a.keras_path(c) + "/lora_kernel_a", a.a_shape});
         lora_vars.push_back({a.keras_path(c) + "/lora_kernel_b", a.b_shape});
       }
+    }
+    for (const auto& [path, shape] : lora_vars) rows.push_back({path, shape, DType::F32, true});
+    long long trainable = 0, frozen = 0;
+    double trainable_bytes = 0, frozen_bytes = 0;
+    for (const Row& r : rows) {
+      (r.trainable ? trainable : frozen) += num_elements(r.shape);
+      (r.trainable ? trainable_bytes : frozen_bytes) += r.bytes();
     }
     // Every variable's spec on the mesh, resolved before anything is printed so a bad layout is
     // just an error. Bytes per device = stored bytes / product of the axis sizes splitting it.
@@ -134,10 +144,7 @@ Runner add_info_command(CLI::App& app) {
         for (auto& w : LayoutMap::warnings_for(path, shape, p.spec, mesh_shape)) warnings.push_back(w);
         placed.push_back(std::move(p));
       };
-      for (const auto& v : vars)
-        place(v.keras_path, v.keras_shape,
-              dtype_size(std::string(stored_dtype(loaded.model, v)) == "bfloat16" ? DType::BF16 : DType::F32));
-      for (const auto& [path, shape] : lora_vars) place(path, shape, 4);  // LoRA is always fp32
+      for (const Row& r : rows) place(r.path, r.shape, dtype_size(r.dtype));
     }
 
     std::cout << "Model: " << loaded.dir.path << " ("
@@ -145,21 +152,17 @@ Runner add_info_command(CLI::App& app) {
     std::cout << "Config: " << c.to_keras_json(c.stored_dtype)["config"].dump() << "\n";
     std::cout << "Family: Gemma " << c.family << ", query scale 1/sqrt(" << c.query_scale_dim << ")"
               << ", sequence_length " << loaded.dir.sequence_length << "\n\n";
-    const long long frozen = o->lora_rank > 0 ? total : 0;
     std::cout << "Model: \"" << c.names().keras_prefix << "_causal_lm" << "\"\n";
-    std::cout << " Total params: " << with_commas(frozen + trainable) << " (" << keras_size((frozen ? bytes : 0) + trainable_bytes) << ")\n";
+    std::cout << " Total params: " << with_commas(trainable + frozen) << " (" << keras_size(trainable_bytes + frozen_bytes) << ")\n";
     std::cout << " Trainable params: " << with_commas(trainable) << " (" << keras_size(trainable_bytes) << ")\n";
-    std::cout << " Non-trainable params: " << with_commas(frozen) << " (" << keras_size(frozen ? bytes : 0) << ")\n\n";
+    std::cout << " Non-trainable params: " << with_commas(frozen) << " (" << keras_size(frozen_bytes) << ")\n\n";
 
     size_t width = 0;
-    for (const auto& v : vars) width = std::max(width, v.keras_path.size());
+    for (const Row& r : rows) width = std::max(width, r.path.size());
     std::printf("%-*s  %-22s  %s\n", int(width), "Variable path", "Shape", "Dtype");
     std::cout << std::flush;
-    for (const auto& v : vars)
-      std::printf("%-*s  %-22s  %s\n", int(width), v.keras_path.c_str(), shape_str(v.keras_shape).c_str(),
-                  stored_dtype(loaded.model, v));
-    for (const auto& [path, shape] : lora_vars)
-      std::printf("%-*s  %-22s  %s\n", int(width), path.c_str(), shape_str(shape).c_str(), "float32");
+    for (const Row& r : rows)
+      std::printf("%-*s  %-22s  %s\n", int(width), r.path.c_str(), shape_str(r.shape).c_str(), dtype_name(r.dtype));
     std::fflush(stdout);
 
     if (!mesh_shape.empty()) {
