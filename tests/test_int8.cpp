@@ -53,7 +53,8 @@ class Int8Linear : public CpuPathTest {};
 
 // Integer sums are exact, so every path must give the reference's floats bit for bit — over row
 // counts and widths that are not multiples of the SIMD width, the row blocks or the thread split.
-TEST_P(Int8Linear, EveryPathEqualsTheReferenceBitForBit) {
+// Our own kernels at every row count (oneDNN off), then with oneDNN taking the larger ones.
+void expect_every_shape_equals_reference() {
   for (int64_t M : {1, 2, 3, 4, 5, 7, 130})
     for (int64_t rows : {1, 3, 17, 61, 257})
       for (int64_t cols : {1, 15, 16, 17, 31, 33, 100, 2049}) {
@@ -70,6 +71,14 @@ TEST_P(Int8Linear, EveryPathEqualsTheReferenceBitForBit) {
             ++failures;
           }
       }
+}
+
+TEST_P(Int8Linear, EveryPathEqualsTheReferenceBitForBit) {
+  use_onednn_for_int8(false);
+  expect_every_shape_equals_reference();
+  use_onednn_for_int8(true);
+  if (!int8_uses_onednn(5)) GTEST_SKIP() << "built without oneDNN";
+  expect_every_shape_equals_reference();
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuPaths, Int8Linear, kEveryCpuPath, cpu_path_test_name);

@@ -60,6 +60,12 @@ WeightMatrix quantize_matrix_int8(const WeightMatrix& W) {
   return q;
 }
 
+static bool onednn_enabled = true;
+void use_onednn_for_int8(bool use) { onednn_enabled = use; }
+// Rows of x at or below which our kernel (W streamed once at memory bandwidth) beats oneDNN.
+static constexpr int64_t kFewRows = 4;
+bool int8_uses_onednn(int64_t M) { return onednn_enabled && M > kFewRows && cpu::onednn_available(); }
+
 void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y) {
   // Per-thread scratch kept between calls: decode calls this hundreds of times per token.
   thread_local std::vector<int8_t> codes;
@@ -67,6 +73,8 @@ void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y) {
   codes.resize(static_cast<size_t>(M * W.cols));
   x_scales.resize(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m) x_scales[size_t(m)] = quantize_int8(x + m * W.cols, W.cols, codes.data() + m * W.cols);
+  if (int8_uses_onednn(M))
+    return cpu::dot_int8_onednn(codes.data(), M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, y);
   switch (cpu_path()) {
     case CpuPath::Avx512Bf16:  // implies VNNI
       return cpu::dot_int8_avx512vnni(codes.data(), M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, y);

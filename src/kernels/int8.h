@@ -18,9 +18,14 @@ void dequantize_int8(const int8_t* codes, int64_t n, float scale, float* out);
 // W (any dtype, read as fp32) quantized row by row: an I8 matrix owning its codes and scales.
 WeightMatrix quantize_matrix_int8(const WeightMatrix& W);
 
-// y[M, W.rows] = x[M, W.cols]·Wᵀ for an I8 matrix: x quantized per row, exact int32 dot products
-// on the CPU path in use (kernels/cpu/int8_dot.h), then dequantized. linear() calls this for I8.
+// y[M, W.rows] = x[M, W.cols]·Wᵀ for an I8 matrix: x quantized per row, exact int32 dot products,
+// then dequantized. linear() calls this for I8. More than a few rows go to oneDNN's s8 matmul where
+// the build has it (3.6× our kernel at prefill shapes); decode, and builds without it, use our
+// kernel for the CPU path in use (kernels/cpu/int8_dot.h; 1.9× oneDNN at one row). Same floats.
 void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y);
+// Tests switch oneDNN off to hold our own kernels to the reference at every row count.
+void use_onednn_for_int8(bool use);
+bool int8_uses_onednn(int64_t M);  // whether linear_int8 takes oneDNN for M rows
 
 // The same in plain loops, the reference the tests hold every path to (bit for bit).
 void linear_int8_reference(const float* x, int64_t M, const WeightMatrix& W, float* y);

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "kernels/cpu/int8_dot.h"
 
 namespace meshtune {
 
@@ -173,6 +174,10 @@ std::vector<std::string> kernel_report() {
           "; supported: " + supported,
       "decode matrix-vector (fp32 and bf16 weights): " + vector_path,
       "bf16 widening for the sgemm path: " + vector_path,
+      "int8 matrix products (Keras int8): " + std::string(path == CpuPath::Avx512Bf16 ? "avx512 vnni (vpdpwssd)" : vector_path) +
+          " for decode; " + (cpu::onednn_available() ? "oneDNN " + std::string(cpu::onednn_version()) + " (its own ISA choice)"
+                                                      : std::string("the same kernel (built without oneDNN)")) +
+          " for more than 4 rows",
       "bf16 arithmetic: none yet — bf16 is a storage format, products are fp32",
       "elementwise kernels (norms, RoPE, attention, GeGLU, loss): compiled for the build's baseline",
       std::string("BLAS: OpenBLAS ") + openblas_get_config() + ", core " + openblas_get_corename() + ", threading " +
