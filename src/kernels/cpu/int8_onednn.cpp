@@ -7,12 +7,12 @@
 #include "kernels/cpu/int8_dot.h"
 
 #ifdef MESHTUNE_HAVE_ONEDNN
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <tuple>
-#include <vector>
 
 namespace meshtune::cpu {
 
@@ -56,16 +56,19 @@ void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const in
   auto it = c.primitives.find(key);
   if (it == c.primitives.end())
     it = c.primitives.emplace(key, dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_md, w_md, acc_md), c.engine)).first;
-  thread_local std::vector<int32_t> sums;
-  sums.resize(static_cast<size_t>(M * rows));
+  // The int32 sums go into y's own memory (4 bytes each, like the floats) and become floats in
+  // place: no second [M, rows] buffer (256 MiB for a 256-row chunk of the LM head).
   dnnl::memory x_mem(x_md, c.engine, const_cast<int8_t*>(x)), w_mem(w_md, c.engine, const_cast<int8_t*>(w)),
-      acc_mem(acc_md, c.engine, sums.data());
+      acc_mem(acc_md, c.engine, y);
   dnnl::matmul(it->second).execute(c.stream, {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, acc_mem}});
   c.stream.wait();
-  const int32_t* acc = sums.data();
 #pragma omp parallel for schedule(static)
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t r = 0; r < rows; ++r) y[m * rows + r] = float(acc[m * rows + r]) / (x_scales[m] * w_scales[r]);
+    for (int64_t r = 0; r < rows; ++r) {
+      int32_t acc;
+      std::memcpy(&acc, y + m * rows + r, 4);  // the bytes oneDNN wrote, read as what they are
+      y[m * rows + r] = float(acc) / (x_scales[m] * w_scales[r]);
+    }
 }
 
 }  // namespace meshtune::cpu
