@@ -134,9 +134,9 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
 
   KVCache cache(c, B, T);
   std::copy(batch.padding_mask, batch.padding_mask + M, cache.key_valid.begin());
-  ForwardTrace trace;
   std::vector<BlockActivations>& saved = ws.blocks;
-  std::vector<float> hidden = backbone_forward(model, batch.token_ids, B, T, 0, cache, &trace, grads ? &saved : nullptr);
+  std::vector<float> hidden = backbone_forward(model, batch.token_ids, B, T, 0, cache, nullptr, grads ? &saved : nullptr,
+                                               grads ? &ws.final_norm_input : nullptr);
 
   // Loss over the rows that carry weight, a chunk at a time (the logits of a chunk only). With the
   // vocabulary split over processes each holds its columns of the logits, and the softmax's max,
@@ -144,8 +144,8 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   const std::vector<int64_t> rows = nonzero_positions(batch.sample_weight, M);
   const int64_t part = model.embeddings.rows, v0 = model.vocab_offset;  // this process' vocabulary rows
   Communicator* vocab_group = model.vocab_parallel() ? model.tensor_parallel : nullptr;
-  // Rows per chunk: up to 256, with at most 64 Mi logits (256 MiB) at a time.
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 26) / part));
+  // Rows per chunk: up to 256, with at most 32 Mi logits (128 MiB) at a time.
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 25) / part));
   // Rows with zero weight get no gradient: d_hidden starts at zero, the chunks scatter into it.
   FloatBuffer& d_hidden = ws.d_hidden;
   if (grads) d_hidden = FloatBuffer(static_cast<size_t>(M * D));
@@ -185,7 +185,7 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
 
   // Final norm, then the blocks in reverse, then the scaled embedding lookup.
   FloatBuffer& dx = d_hidden;
-  const std::vector<float>& final_input = trace.block_outputs.back();
+  const FloatBuffer& final_input = ws.final_norm_input;
   rmsnorm_backward(final_input.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, dx.data(), dx.data(),
                    grads->final_norm);
   for (int layer = c.num_layers - 1; layer >= 0; --layer)

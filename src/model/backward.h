@@ -45,7 +45,8 @@ struct TrainingWorkspace {
   FloatBuffer d_branch, activated, d_activated, d_gate, d_up, d_normed, d_attended, dq, dk, dv;
   FloatBuffer d_hidden;               // ∂L/∂ the final hidden states, then the residual stream's gradient [M, D]
   FloatBuffer h_chunk, d_h_chunk;     // one chunk of rows of the hidden states and of their gradient
-  FloatBuffer logits;                 // one chunk of rows' logits (up to 256 MiB)
+  FloatBuffer logits;                 // one chunk of rows' logits (up to 128 MiB)
+  FloatBuffer final_norm_input;       // the residual stream entering the final norm [M, D]
 };
 
 // Forward (and, with `grads`, backward) of the loss scaled by `loss_scale` — Keras uses

@@ -180,7 +180,7 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
 
 std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
                                     int64_t start, KVCache& cache, ForwardTrace* trace,
-                                    std::vector<BlockActivations>* saved) {
+                                    std::vector<BlockActivations>* saved, FloatBuffer* final_norm_input) {
   const GemmaConfig& c = model.config;
   const int64_t D = c.hidden_dim, M = B * T;
   check(B <= cache.batch && start + T <= cache.capacity, "KV cache too small: ", B, " rows × ", start + T,
@@ -204,6 +204,10 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
     BlockActivations& a = saved ? (*saved)[size_t(layer)] : unsaved;
     decoder_block(model, model.layer_weights(layer), layer, x.data(), B, T, start, cache, a, scratch);
     if (trace) copy_out(trace->block_outputs.emplace_back());
+  }
+  if (final_norm_input) {
+    final_norm_input->resize(size_t(M * D));
+    copy_values(x.data(), M * D, final_norm_input->data());
   }
   std::vector<float> hidden(static_cast<size_t>(M * D));  // the caller's, on the host
   rmsnorm(x.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, hidden.data());

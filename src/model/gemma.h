@@ -123,10 +123,12 @@ struct BlockScratch {
 // Runs the backbone on tokens [B, T] placed at positions start .. start+T−1 of every row, writing
 // their keys/values into `cache` (whose key_valid the caller sets). Returns the hidden states after
 // the final norm, [B·T, D]. Throws Error for a token id outside the vocabulary.
-// With `saved`, every block's activations are kept for backward (one entry per layer).
+// With `saved`, every block's activations are kept for backward (one entry per layer), and
+// `final_norm_input` (if given) receives the residual stream entering the final norm [B·T, D].
 std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
                                     int64_t start, KVCache& cache, ForwardTrace* trace = nullptr,
-                                    std::vector<BlockActivations>* saved = nullptr);
+                                    std::vector<BlockActivations>* saved = nullptr,
+                                    FloatBuffer* final_norm_input = nullptr);
 
 // logits[M, V] = soft_cap(hidden[M, D] · Embᵀ) (all-gathered over the vocabulary when it is split).
 void lm_head(const GemmaModel& model, const float* hidden, int64_t M, float* logits);

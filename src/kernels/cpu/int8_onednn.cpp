@@ -57,7 +57,7 @@ void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const in
   if (it == c.primitives.end())
     it = c.primitives.emplace(key, dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_md, w_md, acc_md), c.engine)).first;
   // The int32 sums go into y's own memory (4 bytes each, like the floats) and become floats in
-  // place: no second [M, rows] buffer (256 MiB for a 256-row chunk of the LM head).
+  // place: no second [M, rows] buffer (up to 128 MiB for a chunk of the LM head's logits).
   dnnl::memory x_mem(x_md, c.engine, const_cast<int8_t*>(x)), w_mem(w_md, c.engine, const_cast<int8_t*>(w)),
       acc_mem(acc_md, c.engine, y);
   dnnl::matmul(it->second).execute(c.stream, {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, acc_mem}});
