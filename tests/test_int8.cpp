@@ -112,6 +112,19 @@ TEST(Int8Linear, BackwardUsesTheDequantizedWeights) {
   EXPECT_EQ(w.at(3, 5), float(w.i8()[3 * 70 + 5]) / w.scales[3]);
 }
 
+// A row wider than 133,144 codes could overflow the int32 sums: refused, not wrapped.
+TEST(Int8Linear, TooWideForInt32SumsIsAnError) {
+  const WeightMatrix wide = WeightMatrix::from_f32(1, kMaxInt8Columns + 1, std::vector<float>(kMaxInt8Columns + 1, 1.f));
+  EXPECT_THROW(quantize_matrix_int8(wide), Error);
+  WeightMatrix codes = random_int8_matrix(1, kMaxInt8Columns, 9);  // the widest allowed works
+  std::vector<float> x(kMaxInt8Columns, 1.f), y(1), ref(1);
+  linear(x.data(), 1, codes, y.data());
+  linear_int8_reference(x.data(), 1, codes, ref.data());
+  EXPECT_TRUE(bit_equal(y[0], ref[0]));
+  codes.cols = kMaxInt8Columns + 1;  // a hostile view
+  EXPECT_THROW(linear_int8(x.data(), 1, codes, y.data()), Error);
+}
+
 // ---- against Keras ------------------------------------------------------------------------------
 
 // Our quantization of the float preset gives exactly the codes and scales Keras saved.

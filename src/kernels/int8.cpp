@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cpu/features.h"
 #include "kernels/cpu/int8_dot.h"
 
@@ -31,13 +32,19 @@ void dequantize_int8(const int8_t* codes, int64_t n, float scale, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = float(codes[i]) / scale;
 }
 
-// The codes [rows, cols] followed by the scales [rows], in one buffer.
+void check_int8_columns(int64_t cols, const std::string& what) {
+  check(cols <= kMaxInt8Columns, what, ": an int8 matrix with ", cols, " columns could overflow its int32 sums (at most ",
+        kMaxInt8Columns, ")");
+}
+
+// An int8 matrix's own memory: its codes [rows, cols] and scales [rows].
 struct Int8Storage {
   std::vector<int8_t> codes;
   std::vector<float> scales;
 };
 
 WeightMatrix quantize_matrix_int8(const WeightMatrix& W) {
+  check_int8_columns(W.cols, "quantize_matrix_int8");
   auto storage = std::make_shared<Int8Storage>();
   storage->codes.resize(size_t(W.rows) * size_t(W.cols));
   storage->scales.resize(size_t(W.rows));
@@ -67,6 +74,7 @@ static constexpr int64_t kFewRows = 4;
 bool int8_uses_onednn(int64_t M) { return onednn_enabled && M > kFewRows && cpu::onednn_available(); }
 
 void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y) {
+  check_int8_columns(W.cols, "linear_int8");
   // Per-thread scratch kept between calls: decode calls this hundreds of times per token.
   thread_local std::vector<int8_t> codes;
   thread_local std::vector<float> x_scales;

@@ -5,6 +5,7 @@
 // float division. Every step is bit-identical to Keras' numpy arithmetic.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "kernels/linear.h"
 
@@ -14,6 +15,11 @@ namespace meshtune {
 float quantize_int8(const float* values, int64_t n, int8_t* codes);
 // out[c] = code[c] / scale (Keras' dequantization, a division).
 void dequantize_int8(const int8_t* codes, int64_t n, float scale, float* out);
+
+// The widest row whose int32 sum of code products cannot overflow: 127² · cols < 2³¹.
+inline constexpr int64_t kMaxInt8Columns = 133144;
+// Throws Error naming `what` when an int8 matrix would be wider than that.
+void check_int8_columns(int64_t cols, const std::string& what);
 
 // W (any dtype, read as fp32) quantized row by row: an I8 matrix owning its codes and scales.
 WeightMatrix quantize_matrix_int8(const WeightMatrix& W);

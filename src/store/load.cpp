@@ -135,6 +135,7 @@ static WeightMatrix int8_matrix(const HostTensor& codes, const VariableSpec& spe
         ") has dtype ", dtype_name(scale.dtype), ", expected float32");
   check(scale.shape == keras_int8_scale_shape(spec), weights_file, ": tensor ", scale_name, " (int8 scale of ",
         keras_layer(spec), ") has shape ", shape_str(scale.shape), ", expected ", shape_str(keras_int8_scale_shape(spec)));
+  check_int8_columns(num_elements(codes.shape) / std::max<int64_t>(1, codes.shape[0]), weights_file + ": " + keras_layer(spec));
   struct Storage {
     HostTensor codes, scale;
   };
