@@ -1,23 +1,22 @@
-// bench_int8_gemm: our int8 linear kernel (kernels/int8.h) against oneDNN's s8 × s8 → s32 matmul
-// (Debian libdnnl-dev) on the Gemma-2B projection shapes, each path the CPU has. Both sides do the
-// same whole job — quantize x per row, integer products, dequantize (y = acc / (s_x·s_W)) — and
-// both must give the same floats (checked). One JSON line per (shape, implementation) on stdout.
+// bench_int8_gemm: `linear` over an int8 matrix (kernels/int8.h) with our own kernel on each CPU
+// path the machine has, against the same call through oneDNN's s8 × s8 → s32 matmul (Debian
+// libdnnl-dev, where the build found it), on the Gemma-2B projection shapes. Each does the whole
+// job — quantize x per row, integer products, dequantize (y = acc / (s_x·s_W)) — and must give the
+// reference's floats (checked). One JSON line per (shape, implementation) on stdout.
 //
 //   bench_int8_gemm [--threads 2] [--repeat 5]
 #include <CLI/CLI.hpp>
-#include <cblas.h>
 #include <omp.h>
 
-#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/cpu/features.h"
+#include "kernels/cpu/int8_dot.h"
 #include "kernels/int8.h"
 #include "run_stats.h"
 
@@ -38,37 +37,6 @@ std::vector<float> normal_values(int64_t n, uint32_t seed) {
   for (float& x : v) x = normal(rng);
   return v;
 }
-
-// oneDNN's matmul of x codes [M, K] (s8) with W codes as [K, N] (s8, our [N, K] rows read as
-// columns: format "ba"), into s32; then our dequantization. The primitive is made once.
-struct OneDnnInt8 {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-  dnnl::matmul matmul;
-  dnnl::memory src, weights, dst;
-
-  OneDnnInt8(int64_t M, int64_t N, int64_t K, const int8_t* w) {
-    using dt = dnnl::memory::data_type;
-    using tag = dnnl::memory::format_tag;
-    const dnnl::memory::desc src_md({M, K}, dt::s8, tag::ab), w_md({K, N}, dt::s8, tag::ba),
-        dst_md({M, N}, dt::s32, tag::ab);
-    matmul = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, w_md, dst_md), engine));
-    src = dnnl::memory(src_md, engine);
-    weights = dnnl::memory(w_md, engine, const_cast<int8_t*>(w));
-    dst = dnnl::memory(dst_md, engine);
-  }
-  void run(const float* x, int64_t M, const WeightMatrix& W, float* y) {
-    int8_t* codes = static_cast<int8_t*>(src.get_data_handle());
-    std::vector<float> x_scales(static_cast<size_t>(M));
-    for (int64_t m = 0; m < M; ++m) x_scales[size_t(m)] = quantize_int8(x + m * W.cols, W.cols, codes + m * W.cols);
-    matmul.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
-    stream.wait();
-    const int32_t* acc = static_cast<const int32_t*>(dst.get_data_handle());
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t r = 0; r < W.rows; ++r) y[m * W.rows + r] = float(acc[m * W.rows + r]) / (x_scales[size_t(m)] * W.scales[r]);
-  }
-};
 
 template <typename F>
 double median_seconds(int repeat, F&& f) {
@@ -115,15 +83,24 @@ int main(int argc, char** argv) {
       };
       set_cpu_path(best);
       linear_int8_reference(x.data(), s.M, W, want.data());
+      use_onednn_for_int8(false);  // our kernels at every row count
       for (CpuPath path : supported_cpu_paths()) {
         set_cpu_path(path);
         const double t = median_seconds(repeat, [&] { linear(x.data(), s.M, W, got.data()); });
         report(std::string("meshtune ") + cpu_path_name(path), t, got == want);
       }
       set_cpu_path(best);
-      OneDnnInt8 dnnl(s.M, s.N, s.K, W.i8());
-      const double t = median_seconds(repeat, [&] { dnnl.run(x.data(), s.M, W, got.data()); });
-      report("oneDNN " + std::string(dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP ? "omp" : "seq"), t, got == want);
+      use_onednn_for_int8(true);
+      if (!cpu::onednn_available()) continue;
+      // oneDNN at every shape, decode too (where linear_int8 would not take it): the same quantizing
+      // of x as linear_int8, then the library's oneDNN route.
+      std::vector<int8_t> codes(static_cast<size_t>(s.M * s.K));
+      std::vector<float> x_scales(static_cast<size_t>(s.M));
+      const double t = median_seconds(repeat, [&] {
+        for (int64_t m = 0; m < s.M; ++m) x_scales[size_t(m)] = quantize_int8(x.data() + m * s.K, s.K, codes.data() + m * s.K);
+        cpu::dot_int8_onednn(codes.data(), s.M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, got.data());
+      });
+      report(std::string("oneDNN ") + cpu::onednn_version(), t, got == want);
     }
   } catch (const std::exception& e) {
     std::cerr << "bench_int8_gemm: " << e.what() << "\n";
