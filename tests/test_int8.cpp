@@ -10,7 +10,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include "core/error.h"
 #include "cpu_path_test.h"
@@ -35,16 +34,8 @@ const std::string kInt8Preset = "keras2/preset-gemma-tiny-int8";
 const std::string kFloatPreset = "keras/preset-gemma-tiny";
 const std::string kOutputs = "keras2/int8-gemma-tiny/";
 
-std::vector<float> random_values(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = normal(rng);
-  return v;
-}
-
 WeightMatrix random_int8_matrix(int64_t rows, int64_t cols, uint32_t seed) {
-  return quantize_matrix_int8(WeightMatrix::from_f32(rows, cols, random_values(rows * cols, seed)));
+  return quantize_matrix_int8(WeightMatrix::from_f32(rows, cols, random_vector(size_t(rows * cols), seed)));
 }
 
 bool bit_equal(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
@@ -60,7 +51,7 @@ void expect_every_shape_equals_reference() {
       for (int64_t cols : {1, 15, 16, 17, 31, 33, 100, 2049}) {
         SCOPED_TRACE("M=" + std::to_string(M) + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols));
         const WeightMatrix w = random_int8_matrix(rows, cols, uint32_t(rows * 131 + cols));
-        const std::vector<float> x = random_values(M * cols, uint32_t(M * 7 + cols));
+        const std::vector<float> x = random_vector(size_t(M * cols), uint32_t(M * 7 + cols));
         std::vector<float> y(size_t(M * rows), NAN), ref(size_t(M * rows));
         linear(x.data(), M, w, y.data());
         linear_int8_reference(x.data(), M, w, ref.data());
@@ -104,7 +95,7 @@ TEST(Int8Quantize, RoundsHalfToEvenAndClips) {
 TEST(Int8Linear, BackwardUsesTheDequantizedWeights) {
   const WeightMatrix w = random_int8_matrix(37, 70, 3);
   const WeightMatrix dequantized = WeightMatrix::from_f32(w.rows, w.cols, w.to_f32());
-  const std::vector<float> dy = random_values(5 * 37, 4);
+  const std::vector<float> dy = random_vector(5 * 37, 4);
   std::vector<float> dx(5 * 70), want(5 * 70);
   linear_backward_input(dy.data(), 5, w, dx.data());
   linear_backward_input(dy.data(), 5, dequantized, want.data());
