@@ -2,7 +2,7 @@
 // (random weights) read from a Hugging Face checkpoint, next to this machine's limits (sgemm rate,
 // memory bandwidth) measured in the same run. Prints one JSON line on stdout; progress on stderr.
 //
-//   bench_inference [--dtype f32|bf16] [--layers 18] [--threads 2] [--prompt 128] [--decode 16]
+//   bench_inference [--dtype f32|bf16|int8] [--dtype-policy float32|mixed_bfloat16|bfloat16] [--layers 18] [--threads 2] [--prompt 128] [--decode 16]
 //                   [--dir /tmp/meshtune-bench] [--repeat 3]
 //
 // The checkpoint is created once per (dtype, layers) under --dir, in a child process so that
@@ -43,6 +43,7 @@ namespace {
 
 struct Options {
   std::string dtype = "f32";
+  std::string policy = "float32";  // Keras' dtype policy: bf16 matmul inputs under mixed_bfloat16 / bfloat16
   int layers = 18;
   int threads = 2;
   int prompt = 128;
@@ -56,6 +57,8 @@ Options parse_args(int argc, char** argv) {
   CLI::App app("bench_inference: load, prefill and decode of a Gemma-2B-shaped model; one JSON line on stdout");
   app.add_option("--dtype", o.dtype, "Weights: f32, bf16, or int8 (the bf16 checkpoint quantized at load)")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
+  app.add_option("--dtype-policy", o.policy, "float32, mixed_bfloat16 or bfloat16 (bf16 matmul inputs; weights stored bf16)")
+      ->check(CLI::IsMember({"float32", "mixed_bfloat16", "bfloat16"}));
   app.add_option("--layers", o.layers, "Decoder blocks")->check(CLI::PositiveNumber);
   app.add_option("--threads", o.threads, "OpenMP threads")->check(CLI::PositiveNumber);
   app.add_option("--prompt", o.prompt, "Prompt tokens (prefill)")->check(CLI::PositiveNumber);
@@ -156,7 +159,9 @@ int main(int argc, char** argv) {
     const ModelDir dir = inspect_model_dir(path);
     LoadOptions load;
     load.quantize_int8 = o.dtype == "int8";
-    const GemmaModel model = load_model(dir, load);
+    load.bf16_matrices = o.policy != "float32";  // as generate --dtype-policy stores frozen weights
+    GemmaModel model = load_model(dir, load);
+    if (o.policy != "float32") model.matmul_precision = MatmulPrecision::BF16;
     const double load_s = seconds_since(t0);
     const GemmaConfig& c = model.config;
     const int64_t V = c.vocab_size, D = c.hidden_dim, T = o.prompt;
@@ -230,6 +235,7 @@ int main(int argc, char** argv) {
 
     nlohmann::ordered_json j;
     j["dtype"] = o.dtype;
+    j["dtype_policy"] = o.policy;
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
     j["cpu_features"] = meshtune::cpu_features().summary();

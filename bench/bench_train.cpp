@@ -49,6 +49,7 @@ namespace {
 struct Options {
   std::string shape = "small";
   std::string weights = "f32";  // the frozen base: f32, bf16, or int8 (quantized from f32, Keras' formula)
+  std::string policy = "float32";  // Keras' dtype policy: float32 or mixed_bfloat16 (bf16 matmul inputs)
   int layers = 0;  // 0 = the shape's default (small 2, 2b 18)
   int threads = 2;
   int steps = 5;
@@ -67,6 +68,8 @@ Options parse_args(int argc, char** argv) {
   app.add_option("--shape", o.shape, "small or 2b")->check(CLI::IsMember({"small", "2b"}));
   app.add_option("--weights", o.weights, "Frozen base weights: f32, bf16 or int8")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
+  app.add_option("--dtype-policy", o.policy, "float32, or mixed_bfloat16: bf16 matmul inputs, fp32 sums (an f32 base is stored as bf16)")
+      ->check(CLI::IsMember({"float32", "mixed_bfloat16"}));
   app.add_option("--layers", o.layers, "Decoder blocks (0: the shape's default)")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o.threads, "OpenMP threads")->check(CLI::PositiveNumber);
   app.add_option("--steps", o.steps, "Timed steps")->check(CLI::PositiveNumber);
@@ -176,6 +179,11 @@ int main(int argc, char** argv) {
     if (o.weights == "int8")
       for (const VariableSpec& spec : gemma_variables(c))
         if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
+    if (o.policy == "mixed_bfloat16") {  // the frozen base in bf16, as `finetune --dtype-policy mixed_bfloat16` stores it
+      model.matmul_precision = MatmulPrecision::BF16;
+      for (const VariableSpec& spec : gemma_variables(c))
+        if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = to_bf16_matrix(*w);
+    }
     const double init_s = seconds_since(t0);
     std::cerr << "bench_train: " << o.shape << " L" << c.num_layers << ": random weights in " << init_s << " s\n";
 
@@ -275,6 +283,8 @@ int main(int argc, char** argv) {
     j["impl"] = "meshtune";
     j["shape"] = o.shape;
     j["weights"] = o.weights;
+    j["dtype_policy"] = o.policy;
+    j["bf16_dot_products"] = o.policy != "float32" && bf16_matmul_uses_dot_products();
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
     j["cpu_features"] = meshtune::cpu_features().summary();

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds bench_inference and runs it for fp32, bf16 and int8 weights (int8: the bf16 checkpoint
-# quantized at load, Keras' formula), each in its own process (so peak
+# quantized at load, Keras' formula) and for bf16 weights under the bfloat16 dtype policy (bf16
+# matmul inputs), each in its own process (so peak
 # RSS is per configuration), then prints a table. Extra arguments go to every run, e.g.
 #   bench/run_inference.sh --layers 4 --repeat 5
 # The JSON lines are also kept in $BENCH_OUT (default build/bench/inference.jsonl).
@@ -12,6 +13,7 @@ out="${BENCH_OUT:-build/bench/inference.jsonl}"
 for dtype in f32 bf16 int8; do
   ./build/bench/bench_inference --dtype "$dtype" "$@" | tee -a "$out"
 done
+./build/bench/bench_inference --dtype bf16 --dtype-policy bfloat16 "$@" | tee -a "$out"
 python3 - "$out" <<'PY'
 # One column per configuration, one row per number.
 import json, sys
@@ -34,7 +36,8 @@ rows = [("layers", lambda r: f"{r['layers']}"),
         ("read GB/s (1 GiB sum)", lambda r: f"{r['read_gbps']:.1f}"),
         ("read GB/s, 1 thread", lambda r: f"{r['read_gbps_1thread']:.1f}"),
         ("foreign CPUs (>0.1: rerun)", lambda r: f"{r['foreign_cpus']:.2f}")]
-header = ["", *(r["dtype"] for r in runs)]
+header = ["", *(r["dtype"] + ("" if r.get("dtype_policy", "float32") == "float32" else " " + r["dtype_policy"])
+                for r in runs)]
 table = [header] + [[name, *(fmt(r) for r in runs)] for name, fmt in rows]
 widths = [max(len(row[i]) for row in table) for i in range(len(header))]
 for n, row in enumerate(table):

@@ -6,8 +6,12 @@
 #
 #   bench/run_train.sh                        # rows: small, 2b with 2 layers, 2b with 18 layers
 #   ROWS="small 2b:2" RUNS=3 bench/run_train.sh --steps 5
+#   ROWS=2b:2 BASES="f32 bf16 int8" bench/run_train.sh   # LoRA over each frozen base
+#   ROWS=2b:2 BASES=bf16 POLICIES="float32 mixed_bfloat16" bench/run_train.sh
 #
-# ROWS: shape[:layers] items. RUNS: runs per implementation and row (the table shows the median
+# ROWS: shape[:layers] items. BASES: the frozen base weights meshtune trains over (f32, bf16, int8:
+# bench_train --weights; default f32), each a row of its own beside the one PyTorch fp32 run.
+# POLICIES: Keras dtype policies for meshtune (bench_train --dtype-policy; default float32). RUNS: runs per implementation and row (the table shows the median
 # of the runs' median ms/step). BENCH_APPEND=1 keeps the lines of earlier runs in $BENCH_OUT (the
 # table then covers them too). Extra arguments go to both programs. A PyTorch run that fails,
 # runs out of memory or takes longer than TORCH_TIMEOUT seconds (default 600) is reported in the
@@ -21,6 +25,8 @@ cmake --build build -j2 --target bench_train >&2
 out="${BENCH_OUT:-build/bench/train.jsonl}"
 rows="${ROWS:-small 2b:2 2b:18}"
 runs="${RUNS:-1}"
+bases="${BASES:-f32}"
+policies="${POLICIES:-float32}"
 torch_timeout="${TORCH_TIMEOUT:-600}"
 python=/usr/bin/python3  # Debian's interpreter, which has python3-torch
 mkdir -p "$(dirname "$out")"
@@ -53,7 +59,12 @@ for row in $rows; do
   shown_layers=$layers
   [ "$layers" -eq 0 ] && { [ "$shape" = small ] && shown_layers=2 || shown_layers=18; }
   for ((r = 0; r < runs; r++)); do
-    run meshtune 3600 "$shape" "$shown_layers" ./build/bench/bench_train --shape "$shape" --layers "$layers" "$@"
+    for base in $bases; do
+      for policy in $policies; do
+        run meshtune 3600 "$shape" "$shown_layers" ./build/bench/bench_train --shape "$shape" --layers "$layers" \
+          --weights "$base" --dtype-policy "$policy" "$@"
+      done
+    done
     run torch "$torch_timeout" "$shape" "$shown_layers" \
       "$python" bench/torch_lora_step.py --shape "$shape" --layers "$layers" "$@"
   done
@@ -61,11 +72,18 @@ done
 
 "$python" - "$out" <<'PY'
 import json, statistics, sys
-rows = {}
+rows, torch = {}, {}  # meshtune's by (shape, layers, base weights, policy); PyTorch's (fp32) by (shape, layers)
 for line in open(sys.argv[1]):
     if line.strip():
         r = json.loads(line)
-        rows.setdefault((r["shape"], r["layers"]), {}).setdefault(r["impl"], []).append(r)
+        if r["impl"] == "torch":
+            torch.setdefault((r["shape"], r["layers"]), []).append(r)
+        else:
+            rows.setdefault((r["shape"], r["layers"], r.get("weights", "f32"), r.get("dtype_policy", "float32")),
+                            []).append(r)
+for shape, layers in torch:
+    if not any(k[:2] == (shape, layers) for k in rows):
+        rows[(shape, layers, "f32", "float32")] = []
 
 def summary(runs):
     ok = [r for r in (runs or []) if "error" not in r]
@@ -82,10 +100,11 @@ def summary(runs):
 head = ["row", "GFLOP/step", "meshtune ms/step", "tok/s", "GFLOP/s", "RSS GiB",
         "torch ms/step", "tok/s", "GFLOP/s", "RSS GiB", "torch/meshtune", "runs", "busy CPUs"]
 cells = [head]
-for (shape, layers), impls in rows.items():
-    m, m_err = summary(impls.get("meshtune"))
-    t, t_err = summary(impls.get("torch"))
-    cell = [f"{shape} L{layers}", f"{(m or t or {}).get('gflop', 0):.1f}"]
+for (shape, layers, base, policy), mine in rows.items():
+    impls = {"meshtune": mine, "torch": torch.get((shape, layers), [])}
+    m, m_err = summary(impls["meshtune"])
+    t, t_err = summary(impls["torch"])
+    cell = [f"{shape} L{layers} {base} {policy}", f"{(m or t or {}).get('gflop', 0):.1f}"]
     for s, err in ((m, m_err), (t, t_err)):
         cell += [f"{s['ms']:.1f}", f"{s['tok']:.0f}", f"{s['gflops']:.1f}", f"{s['rss']:.2f}"] if s else [err, "-", "-", "-"]
     cell.append(f"{t['ms'] / m['ms']:.2f}" if m and t else "-")

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@
 #include "model/tensor_parallel.h"
 #include "model/init.h"
 #include "model/lora.h"
+#include "model/sharded_model.h"
+#include "store/load.h"
+#include "test_util.h"
 #include "train/trainer.h"
 
 namespace meshtune {
@@ -154,6 +158,131 @@ INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
                            return name + (info.param.full ? "Full" : "Lora") +
                                   (info.param.dtype == DType::BF16 ? "Bf16" : "");
                          });
+
+// Sharded loading as the CLI does it (cli/mesh_options.cpp sharded_loading): this process' block of
+// every variable `layout` splits, and int8 row maxima combined over the mesh.
+LoadOptions sharded_options(LoadOptions options, const LayoutMap& layout, DeviceMesh& mesh) {
+  options.block_of = [&layout, &mesh](const VariableSpec& spec) -> std::optional<ShardSpec> {
+    const ShardSpec s = make_shard_spec(our_dimensions(spec.kind), spec.keras_shape,
+                                        layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
+    return s.split() ? std::optional<ShardSpec>(s) : std::nullopt;
+  };
+  options.combine_row_max = [&mesh](const VariableSpec& spec, const ShardSpec& block, float* row_max) {
+    combine_row_maxima(spec, block, mesh, row_max);
+  };
+  return options;
+}
+
+// int8 under tensor parallelism (--quantize int8, and a Keras int8 preset). Each process quantizes
+// only its blocks as they load; a block of some columns (attention_output and ffw_linear over
+// their heads/width, KerasHub's hidden dimension over "batch") combines its rows' maxima over the
+// mesh first, so every block's codes and scales are bit for bit the ones the whole model has.
+// Then one LoRA step under the tutorial's map: attention_output and ffw_linear quantize each token
+// by its maximum over all processes' slices, so the loss and the gradients equal one device's up
+// to the order of the float sums of the partial products.
+TEST(TensorParallelInt8, BlocksHoldTheWholeModelsCodesAndAStepEqualsOneDevice) {
+  Communicator& comm = world();
+  const int n = comm.size();
+  // A Keras preset (blocks read as HDF5 boxes, quantized), a Keras int8 preset (code blocks with
+  // their rows' scales) and a Hugging Face checkpoint (blocks cut from the memory map, quantized).
+  for (const std::string preset : {"keras/preset-gemma-tiny", "keras2/preset-gemma-tiny-int8", "hf/tiny-gemma/checkpoint"}) {
+    const ModelDir dir = inspect_model_dir(testing::fixture(preset));
+    LoadOptions whole_options;
+    whole_options.quantize_int8 = true;
+    const GemmaModel whole = load_model(dir, whole_options);
+    const GemmaConfig& config = whole.config;
+    std::vector<std::vector<int>> meshes = {{1, n}};
+    if (n == 4) meshes.push_back({2, 2});
+    for (const auto& shape : meshes) {
+      for (const std::string layout_name : {"keras_hub", "tutorial"}) {
+        const std::string what = preset + " mesh " + std::to_string(shape[0]) + "x" + std::to_string(shape[1]) + " " +
+                                 layout_name;
+        DeviceMesh mesh(shape, {"batch", "model"}, comm);
+        const LayoutMap layout = layout_for(layout_name, config, shape[1]);
+        const LoadOptions options = sharded_options(whole_options, layout, mesh);
+        const GemmaModel part = load_model(dir, options);
+        int blocks = 0;
+        for (const VariableSpec& spec : gemma_variables(config)) {
+          const WeightMatrix* mine = part.matrix(spec.slot, spec.layer);
+          const std::optional<ShardSpec> block = options.block_of(spec);
+          if (!mine || !block) continue;
+          ++blocks;
+          const WeightMatrix expected = matrix_block(*whole.matrix(spec.slot, spec.layer), spec, *block);
+          ASSERT_EQ(mine->dtype, DType::I8) << what << " " << spec.keras_path;
+          ASSERT_EQ(mine->rows, expected.rows) << what << " " << spec.keras_path;
+          ASSERT_EQ(mine->cols, expected.cols) << what << " " << spec.keras_path;
+          EXPECT_EQ(std::memcmp(mine->i8(), expected.i8(), size_t(expected.rows * expected.cols)), 0)
+              << what << " " << spec.keras_path << ": codes";
+          EXPECT_EQ(std::memcmp(mine->scales, expected.scales, size_t(expected.rows) * sizeof(float)), 0)
+              << what << " " << spec.keras_path << ": scales";
+        }
+        EXPECT_GT(blocks, 0) << what;
+      }
+    }
+
+    // One LoRA step, the tutorial's map on (1, n).
+    const Batch batch = random_batch(4, 10, config.vocab_size, 11);
+    auto make_lora = [&] {
+      LoraWeights lora = enable_lora(config, 2, parse_lora_targets({"all"}), 3);
+      for (LoraAdapter& a : lora.adapters)  // non-zero B, so every gradient is non-trivial
+        for (size_t i = 0; i < a.b.size(); ++i) a.b[i] = 0.05f * float(int(i % 7) - 3);
+      return lora;
+    };
+    Trainer one(whole, make_lora(), {});
+    const LossSums one_sums = one.train_step(batch, 0.0);
+    DeviceMesh mesh({1, n}, {"batch", "model"}, comm);
+    Distribution dist;
+    dist.mesh = &mesh;
+    dist.layout = layout_for("tutorial", config, n);
+    Trainer many(load_model(dir, sharded_options(whole_options, dist.layout, mesh)), make_lora(), {}, dist);
+    const LossSums sums = many.train_step(batch, 0.0);
+    EXPECT_NEAR(sums.weighted_ce, one_sums.weighted_ce, 1e-6 * one_sums.weighted_ce) << preset;
+    for (size_t i = 0; i < one.parameters().size(); ++i) {
+      const Parameter& w = one.parameters()[i];
+      const Parameter& p = many.parameters()[i];
+      const ShardSpec spec = make_shard_spec(right_aligned_dimensions(w.shape.size()), w.shape,
+                                             dist.layout.resolve(w.path, w.shape, mesh), mesh);
+      const std::vector<float> expected = take_block(w.grad, spec);
+      ASSERT_EQ(p.size, expected.size()) << preset << " " << w.path;
+      double scale = 0, worst = 0;
+      for (size_t k = 0; k < expected.size(); ++k) {
+        scale = std::max(scale, double(std::fabs(expected[k])));
+        worst = std::max(worst, double(std::fabs(p.grad[k] - expected[k])));
+      }
+      EXPECT_LE(worst, 1e-5 * std::max(scale, 1e-6)) << preset << " " << w.path << " (max |grad| " << scale << ")";
+    }
+  }
+}
+
+// Under a bf16 dtype policy frozen weights are stored bf16 as they load; under a mesh each process
+// converts only its blocks (an HF checkpoint's cut out of the memory map): the same bytes as the
+// whole bf16 model's blocks.
+TEST(ShardedBf16Loading, BlocksHoldTheWholeModelsBf16Values) {
+  Communicator& comm = world();
+  for (const std::string preset : {"keras/preset-gemma-tiny", "hf/tiny-gemma/checkpoint"}) {
+    const ModelDir dir = inspect_model_dir(testing::fixture(preset));
+    LoadOptions bf16;
+    bf16.bf16_matrices = true;
+    const GemmaModel whole = load_model(dir, bf16);
+    DeviceMesh mesh({1, comm.size()}, {"batch", "model"}, comm);
+    const LayoutMap layout = layout_for("tutorial", whole.config, comm.size());
+    const LoadOptions options = sharded_options(bf16, layout, mesh);
+    const GemmaModel part = load_model(dir, options);
+    int blocks = 0;
+    for (const VariableSpec& spec : gemma_variables(whole.config)) {
+      const WeightMatrix* mine = part.matrix(spec.slot, spec.layer);
+      const std::optional<ShardSpec> block = options.block_of(spec);
+      if (!mine || !block) continue;
+      ++blocks;
+      const WeightMatrix expected = matrix_block(*whole.matrix(spec.slot, spec.layer), spec, *block);
+      ASSERT_EQ(mine->dtype, DType::BF16) << preset << " " << spec.keras_path;
+      ASSERT_EQ(mine->rows * mine->cols, expected.rows * expected.cols) << preset << " " << spec.keras_path;
+      EXPECT_EQ(std::memcmp(mine->data, expected.data, size_t(expected.rows * expected.cols) * 2), 0)
+          << preset << " " << spec.keras_path;
+    }
+    EXPECT_GT(blocks, 0) << preset;
+  }
+}
 
 }  // namespace
 }  // namespace meshtune

@@ -435,6 +435,40 @@ TEST(Hostile, KerasPreset) {
   });
 }
 
+// ---- Keras int8 presets: the DTypePolicyMap in config.json (int8.md §4) --------------------------
+
+TEST(Hostile, Int8Preset) {
+  const std::string int8 = meshtune::testing::fixture("keras2/preset-gemma-tiny-int8");
+  auto config = [&](const std::string& dir, const std::function<void(json&)>& edit) {
+    const std::string m = copy_of(int8, dir, "m");
+    json c = read_json(m + "/config.json");
+    edit(c);
+    write_json(m + "/config.json", c);
+    return "generate " + q(m) + " --prompt hi --max-length 8";
+  };
+  auto policies = [](json& c) -> json& { return c["config"]["dtype"]["config"]["policy_map"]; };
+  run_table({
+      {"int8_policy_unknown_layer", [&](const std::string& d) { return config(d, [&](json& c) {
+         policies(c)["decoder_block_99/attention/query"] = policies(c)["token_embedding"]; }); },
+       {"config.json", "decoder_block_99/attention/query"}},
+      {"int8_policy_mode_int4", [&](const std::string& d) { return config(d, [&](json& c) {
+         policies(c)["token_embedding"]["config"]["mode"] = "int4"; }); }, {"config.json", "int4"}},
+      {"int8_policy_mode_number", [&](const std::string& d) { return config(d, [&](json& c) {
+         policies(c)["token_embedding"]["config"]["mode"] = 8; }); }, {"config.json", "mode"}},
+      {"int8_policy_map_array", [&](const std::string& d) { return config(d, [&](json& c) { policies(c) = json::array({1, 2}); }); },
+       {"config.json", "policy_map"}},
+      {"int8_policy_not_object", [&](const std::string& d) { return config(d, [&](json& c) { policies(c)["token_embedding"] = "int8"; }); },
+       {"config.json", "token_embedding"}},
+      {"int8_policy_class_unknown", [&](const std::string& d) { return config(d, [&](json& c) {
+         policies(c)["token_embedding"]["class_name"] = "Float8DTypePolicy"; }); }, {"config.json", "Float8DTypePolicy"}},
+      {"int8_layer_left_float", [&](const std::string& d) { return config(d, [&](json& c) {
+         policies(c).erase("decoder_block_0/attention/query"); }); }, {"model.weights.h5", "int8", "dtype policy map"}},
+      {"int8_preset_full_finetune", [&](const std::string& d) {
+         return "finetune " + q(copy_of(int8, d, "m")) + " --full --data sample --take 2 --steps 1 --batch-size 2 --seq-len 8"
+                " --no-progress --out " + q(d + "/run"); }, {"int8", "--full"}},
+  });
+}
+
 // ---- LoRA adapters: PEFT directories and Keras .lora.h5 ---------------------------------------
 
 TEST(Hostile, LoraAdapters) {

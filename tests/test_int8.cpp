@@ -200,28 +200,15 @@ void expect_logits_close(const std::vector<float>& got, const std::vector<float>
   EXPECT_LE(max, 0.5);
 }
 
-std::vector<float> model_logits(const GemmaModel& model) {
-  const std::string in = fixture("keras/outputs-gemma-tiny/");
-  const HostTensor ids_t = read_npy(in + "token_ids.npy");
-  const int64_t B = ids_t.shape[0], T = ids_t.shape[1];
-  const std::vector<int32_t> ids = npy_ints(in + "token_ids.npy"), mask = npy_ints(in + "padding_mask.npy");
-  KVCache cache(model.config, B, T);
-  for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = uint8_t(mask[i]);
-  const std::vector<float> hidden = backbone_forward(model, ids.data(), B, T, 0, cache);
-  std::vector<float> logits(size_t(B * T * model.config.vocab_size));
-  lm_head(model, hidden.data(), B * T, logits.data());
-  return logits;
-}
-
 TEST(Int8Keras, LogitsOfTheInt8PresetAndOfQuantizeAtLoad) {
   const std::vector<int32_t> mask = npy_ints(fixture("keras/outputs-gemma-tiny/padding_mask.npy"));
   const std::vector<float> want = npy_floats(fixture(kOutputs + "logits.npy"));
   const GemmaModel preset = load_model(inspect_model_dir(fixture(kInt8Preset)));
-  expect_logits_close(model_logits(preset), want, mask, size_t(preset.config.vocab_size));
+  expect_logits_close(fixture_logits(preset), want, mask, size_t(preset.config.vocab_size));
   LoadOptions quantize;
   quantize.quantize_int8 = true;
   const GemmaModel quantized = load_model(inspect_model_dir(fixture(kFloatPreset)), quantize);
-  expect_logits_close(model_logits(quantized), want, mask, size_t(quantized.config.vocab_size));
+  expect_logits_close(fixture_logits(quantized), want, mask, size_t(quantized.config.vocab_size));
 }
 
 // LoRA on the int8 base: y = int8 path + scale·(x·A)·B on the float input (int8.md §5).
@@ -230,7 +217,7 @@ TEST(Int8Keras, LoraOnTheInt8BaseAsLowRankTerms) {
   LoraWeights lora = load_lora_adapter(fixture(kOutputs + "adapter.lora.h5"), model.config);
   attach_lora(model, lora, model.config);
   const std::vector<int32_t> mask = npy_ints(fixture("keras/outputs-gemma-tiny/padding_mask.npy"));
-  expect_logits_close(model_logits(model), npy_floats(fixture(kOutputs + "logits_with_random_lora.npy")), mask,
+  expect_logits_close(fixture_logits(model), npy_floats(fixture(kOutputs + "logits_with_random_lora.npy")), mask,
                       size_t(model.config.vocab_size));
 }
 
@@ -335,22 +322,9 @@ TEST(Int8Keras, LoraGradientsOverTheInt8Base) {
   GemmaModel float_base = int8_base;
   for (const VariableSpec& spec : gemma_variables(float_base.config))
     if (WeightMatrix* w = float_base.matrix(spec.slot, spec.layer)) *w = WeightMatrix::from_f32(w->rows, w->cols, w->to_f32());
-  const std::string in = fixture("keras/outputs-gemma-tiny/");
-  const HostTensor ids_t = read_npy(in + "token_ids.npy");
-  const int64_t B = ids_t.shape[0], T = ids_t.shape[1] - 1;
-  const std::vector<int32_t> all = npy_ints(in + "token_ids.npy"), all_mask = npy_ints(in + "padding_mask.npy");
-  std::vector<int32_t> ids, targets;
-  std::vector<uint8_t> mask;
-  std::vector<float> weights;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      const size_t i = size_t(b * (T + 1) + t);
-      ids.push_back(all[i]);
-      targets.push_back(all[i + 1]);
-      mask.push_back(uint8_t(all_mask[i]));
-      weights.push_back(float(all_mask[i + 1]));
-    }
-  const TokenBatch batch{B, T, ids.data(), mask.data(), targets.data(), weights.data()};
+  const NextTokenBatch next = fixture_next_token_batch();
+  const TokenBatch batch = next.view();
+  const int64_t B = next.batch, T = next.length;
   std::vector<LoraWeights> loras;
   std::vector<double> losses;
   for (const GemmaModel* base : std::vector<const GemmaModel*>{&int8_base, &float_base}) {
@@ -366,9 +340,7 @@ TEST(Int8Keras, LoraGradientsOverTheInt8Base) {
     for (bool a : {true, false}) {
       const std::vector<float>& g = a ? loras[0].adapters[i].grad_a : loras[0].adapters[i].grad_b;
       const std::vector<float>& f = a ? loras[1].adapters[i].grad_a : loras[1].adapters[i].grad_b;
-      double dot = 0, gg = 0, ff = 0;
-      for (size_t k = 0; k < g.size(); ++k) dot += double(g[k]) * f[k], gg += double(g[k]) * g[k], ff += double(f[k]) * f[k];
-      const double cosine = dot / std::sqrt(gg * ff);
+      const double cosine = cosine_similarity(g, f);
       std::printf("    adapter %zu %s: cosine %.6f\n", i, a ? "A" : "B", cosine);
       EXPECT_GE(cosine, 0.999);
     }

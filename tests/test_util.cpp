@@ -90,4 +90,45 @@ CommandResult run_meshtune(const std::string& args, const std::string& env, cons
   return result;
 }
 
+std::vector<float> fixture_logits(const GemmaModel& model) {
+  const std::string in = fixture("keras/outputs-gemma-tiny/");
+  const HostTensor ids_t = read_npy(in + "token_ids.npy");
+  const int64_t B = ids_t.shape[0], T = ids_t.shape[1];
+  const std::vector<int32_t> ids = npy_ints(in + "token_ids.npy"), mask = npy_ints(in + "padding_mask.npy");
+  KVCache cache(model.config, B, T);
+  for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = uint8_t(mask[i]);
+  const std::vector<float> hidden = backbone_forward(model, ids.data(), B, T, 0, cache);
+  std::vector<float> logits(size_t(B * T * model.config.vocab_size));
+  lm_head(model, hidden.data(), B * T, logits.data());
+  return logits;
+}
+
+NextTokenBatch fixture_next_token_batch() {
+  const std::string in = fixture("keras/outputs-gemma-tiny/");
+  const HostTensor ids_t = read_npy(in + "token_ids.npy");
+  NextTokenBatch b;
+  b.batch = ids_t.shape[0];
+  b.length = ids_t.shape[1] - 1;
+  const std::vector<int32_t> all = npy_ints(in + "token_ids.npy"), all_mask = npy_ints(in + "padding_mask.npy");
+  for (int64_t r = 0; r < b.batch; ++r)
+    for (int64_t t = 0; t < b.length; ++t) {
+      const size_t i = size_t(r * (b.length + 1) + t);
+      b.ids.push_back(all[i]);
+      b.targets.push_back(all[i + 1]);
+      b.mask.push_back(uint8_t(all_mask[i]));
+      b.weights.push_back(float(all_mask[i + 1]));
+    }
+  return b;
+}
+
+double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b) {
+  double dot = 0, aa = 0, bb = 0;
+  for (size_t k = 0; k < a.size() && k < b.size(); ++k) {
+    dot += double(a[k]) * b[k];
+    aa += double(a[k]) * a[k];
+    bb += double(b[k]) * b[k];
+  }
+  return dot / std::sqrt(aa * bb);
+}
+
 }  // namespace meshtune::testing

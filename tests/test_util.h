@@ -6,6 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/backward.h"
+#include "model/gemma.h"
+
 namespace meshtune::testing {
 
 // Absolute path of a file under ../shared/fixtures, e.g. fixture("keras/preset-gemma-tiny").
@@ -45,5 +48,20 @@ double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, 
 
 // n values ~ N(0, scale²), reproducible from `seed`.
 std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.f);
+
+// The Keras tiny fixture's token batch (keras/outputs-gemma-tiny): its logits under `model`
+// ([B, T, V]), and as a next-token training batch (T − 1 inputs per row, the next ids as targets,
+// padding weighted 0). The batch points into the struct.
+std::vector<float> fixture_logits(const GemmaModel& model);
+struct NextTokenBatch {
+  int64_t batch = 0, length = 0;
+  std::vector<int32_t> ids, targets;
+  std::vector<uint8_t> mask;
+  std::vector<float> weights;
+  TokenBatch view() const { return {batch, length, ids.data(), mask.data(), targets.data(), weights.data()}; }
+};
+NextTokenBatch fixture_next_token_batch();
+
+double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace meshtune::testing

@@ -78,6 +78,7 @@ Runner add_finetune_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   o->model.add_to(*cmd, /*with_lora=*/false);
+  o->model.add_dtype_policy(*cmd);
   cmd->add_option("--data", o->data, "Training data: tfrecord:|aclimdb:|jsonl:|text:|npy:PATH (kind detected if omitted)")
       ->required();
   cmd->add_option("--text-field", o->fields.text, "JSONL field holding the text (default text)");
@@ -149,6 +150,10 @@ Runner add_finetune_command(CLI::App& app) {
     const bool pretokenized = o->data.rfind("npy:", 0) == 0 ||
                               (o->data.size() > 4 && o->data.compare(o->data.size() - 4, 4, ".npy") == 0);
     // Under a mesh each process reads only its blocks of the weights the layout splits.
+    check(o->model.dtype_policy != "bfloat16",
+          "--dtype-policy bfloat16 keeps the variables in bf16 (Keras' set_floatx(\"bfloat16\"), for inference); train "
+          "with mixed_bfloat16: fp32 variables and optimizer state, bf16 matmuls");
+    o->model.trains_weights = o->full;
     std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
     Distribution distribution;
     if (mesh)
@@ -156,7 +161,7 @@ Runner add_finetune_command(CLI::App& app) {
           mesh.get(), read_config(o->model));
     LoadedModel loaded =
         load_model_and_tokenizer(o->model, !pretokenized || !o->sample_prompts.empty() || !o->validation_data.empty(),
-                                 mesh ? sharded_blocks(distribution.layout, *mesh) : VariableBlocks{});
+                                 mesh ? sharded_loading(distribution.layout, *mesh) : LoadOptions{});
     const GemmaConfig config = loaded.model.config;
     check(!(o->full && loaded.model.has_int8()), o->model.model,
           ": int8 weights are frozen (as in Keras): train them with LoRA (--lora-rank), not --full");

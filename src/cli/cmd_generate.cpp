@@ -27,6 +27,7 @@ Runner add_generate_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   o->model.add_to(*cmd);
+  o->model.add_dtype_policy(*cmd);
   cmd->add_option("--prompt", o->prompts, "A prompt (repeat for several, generated together)")->required();
   cmd->add_option("--max-length", o->max_length,
                   "Total length: BOS + prompt + new tokens (default: the preset's sequence_length)");
@@ -55,7 +56,7 @@ Runner add_generate_command(CLI::App& app) {
     // Under a mesh a LoRA adapter is merged after sharding, each process into its own part.
     ModelOptions base_options = o->model;
     if (mesh) base_options.lora.clear();
-    LoadedModel loaded = load_model_and_tokenizer(base_options, true, mesh ? sharded_blocks(layout, *mesh) : VariableBlocks{});
+    LoadedModel loaded = load_model_and_tokenizer(base_options, true, mesh ? sharded_loading(layout, *mesh) : LoadOptions{});
     std::unique_ptr<ShardedModel> sharded;
     if (mesh) {
       const GemmaConfig config = loaded.model.config;
@@ -64,10 +65,14 @@ Runner add_generate_command(CLI::App& app) {
       sharded = std::make_unique<ShardedModel>(std::move(loaded.model), layout, *mesh, plan);
       loaded.model = sharded->compute_model(/*by_layer=*/false);
       if (!o->model.lora.empty()) {
-        const LoraWeights lora = load_lora_adapter(o->model.lora, config);
-        loaded.model = merge_lora_parts(loaded.model, lora, config, plan);
+        // Over int8 weights the adapter stays a low-rank term on each process' part (as on one process).
+        loaded.lora = std::make_unique<LoraWeights>(load_lora_adapter(o->model.lora, config));
+        const bool low_rank = loaded.model.has_int8();
+        if (low_rank) attach_lora(loaded.model, *loaded.lora, config, plan);
+        else loaded.model = merge_lora_parts(loaded.model, *loaded.lora, config, plan);
         if (mesh->comm().rank() == 0)
-          std::cerr << "merged LoRA adapter " << o->model.lora << " (rank " << lora.rank << ") into each process' part\n";
+          std::cerr << (low_rank ? "attached" : "merged") << " LoRA adapter " << o->model.lora << " (rank "
+                    << loaded.lora->rank << ") " << (low_rank ? "to" : "into") << " each process' part\n";
       }
     }
     const bool main_process = !mesh || mesh->comm().rank() == 0;

@@ -41,6 +41,7 @@ Runner add_logits_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   o->model.add_to(*cmd);
+  o->model.add_dtype_policy(*cmd);
   cmd->add_option("--token-ids", o->token_ids, "int32 [B, T] token ids (.npy)")->required();
   cmd->add_option("--padding-mask", o->padding_mask, "[B, T] 1 = token, 0 = padding (.npy; default all 1)");
   cmd->add_option("--out", o->out, "Where to write float32 [B, T, V] logits (.npy)");

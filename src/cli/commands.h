@@ -14,7 +14,11 @@ struct ModelOptions {
   bool fp32_weights = false;  // widen bf16-stored weights to fp32 at load
   std::string lora;        // adapter to merge (.lora.h5 or PEFT directory), "" = none
   std::string quantize;    // "int8": quantize the matrices at load (Keras' formula); "" = as stored
+  // Keras' dtype policy: float32, mixed_bfloat16 or bfloat16 (bf16 matmul inputs, fp32 sums).
+  std::string dtype_policy = "float32";
+  bool trains_weights = false;  // finetune --full: the matrices are variables, kept as stored
   void add_to(CLI::App& app, bool with_lora = true, bool required = true);
+  void add_dtype_policy(CLI::App& app);
 };
 
 using Runner = std::function<int()>;

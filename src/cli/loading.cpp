@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "distribution/communicator.h"
+#include "model/variables.h"
 #include "store/lora_files.h"
 
 namespace meshtune::cli {
@@ -13,15 +14,23 @@ GemmaConfig read_config(const ModelOptions& options) {
   return read_model_config(inspect_model_dir(resolve_model_path(options.model, options.models_dir)));
 }
 
-LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer, const VariableBlocks& blocks) {
+LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer, const LoadOptions& sharded) {
   LoadedModel loaded;
   loaded.dir = inspect_model_dir(resolve_model_path(options.model, options.models_dir));
   auto t0 = std::chrono::steady_clock::now();
   LoadOptions load;
   load.keep_bf16 = !options.fp32_weights;
   load.quantize_int8 = options.quantize == "int8";
-  if (options.lora.empty()) load.block_of = blocks;
+  // Under a bf16 policy, matrices that are not trained are stored in bf16 once: the same values
+  // Keras' per-call cast gives, at half the memory.
+  const bool bf16_policy = options.dtype_policy != "float32";
+  load.bf16_matrices = bf16_policy && !options.trains_weights;
+  if (options.lora.empty()) {
+    load.block_of = sharded.block_of;
+    load.combine_row_max = sharded.combine_row_max;
+  }
   loaded.model = load_model(loaded.dir, load);
+  if (bf16_policy) loaded.model.matmul_precision = MatmulPrecision::BF16;
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool main_process = world().rank() == 0;  // one log line per job, not per rank
   if (main_process) std::cerr << "loaded " << loaded.dir.path << " ("
@@ -41,6 +50,9 @@ LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_toke
     } else {
       loaded.model = merge_lora(loaded.model, lora);
       loaded.lora.reset();  // merged: nothing to keep
+      if (load.bf16_matrices)  // the merged matrices are fp32: store them as bf16 too
+        for (const VariableSpec& spec : gemma_variables(loaded.model.config))
+          if (WeightMatrix* w = loaded.model.matrix(spec.slot, spec.layer)) *w = to_bf16_matrix(*w);
     }
   }
   if (need_tokenizer) {

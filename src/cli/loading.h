@@ -20,7 +20,8 @@ struct LoadedModel {
 // The model's config alone (to plan a mesh layout before the weights are read).
 GemmaConfig read_config(const ModelOptions& options);
 
-// `blocks`: sharded loading (see load_model); ignored when a LoRA adapter is merged at load.
-LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer, const VariableBlocks& blocks = {});
+// `sharded`: sharded loading (LoadOptions::block_of and combine_row_max; see load_model), ignored
+// when a LoRA adapter is merged at load.
+LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_tokenizer, const LoadOptions& sharded = {});
 
 }  // namespace meshtune::cli

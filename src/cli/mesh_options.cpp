@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "distribution/sharding.h"
 #include "model/gemma_layouts.h"
+#include "model/sharded_model.h"
 
 namespace meshtune::cli {
 
@@ -76,19 +77,18 @@ Distribution MeshOptions::make_distribution(DeviceMesh* m, const GemmaConfig& co
   return d;
 }
 
-VariableBlocks sharded_blocks(const LayoutMap& layout, DeviceMesh& mesh) {
-  return [&layout, &mesh](const VariableSpec& spec) -> std::optional<DatasetBox> {
+LoadOptions sharded_loading(const LayoutMap& layout, DeviceMesh& mesh) {
+  LoadOptions options;
+  options.block_of = [&layout, &mesh](const VariableSpec& spec) -> std::optional<ShardSpec> {
     const ShardSpec s = make_shard_spec(our_dimensions(spec.kind), spec.keras_shape,
                                         layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
     if (s.local_size() == s.full_size()) return std::nullopt;
-    DatasetBox box;
-    const std::vector<int> dims = our_dimensions(spec.kind);
-    for (int d : dims) {
-      box.start.push_back(s.offset[size_t(d)]);
-      box.count.push_back(s.local[size_t(d)]);
-    }
-    return box;
+    return s;
   };
+  options.combine_row_max = [&mesh](const VariableSpec& spec, const ShardSpec& block, float* row_max) {
+    combine_row_maxima(spec, block, mesh, row_max);
+  };
+  return options;
 }
 
 }  // namespace meshtune::cli

@@ -40,8 +40,8 @@ struct MeshOptions {
   Distribution make_distribution(DeviceMesh* mesh, const GemmaConfig& config) const;
 };
 
-// For sharded loading (load_model): this process' block, as a box in Keras dimensions, of every
-// variable `layout` splits on `mesh`. Both must outlive the returned function.
-VariableBlocks sharded_blocks(const LayoutMap& layout, DeviceMesh& mesh);
+// For sharded loading (load_model): this process' block of every variable `layout` splits on
+// `mesh`, and the row maxima of int8 blocks combined over the mesh. Both must outlive the result.
+LoadOptions sharded_loading(const LayoutMap& layout, DeviceMesh& mesh);
 
 }  // namespace meshtune::cli

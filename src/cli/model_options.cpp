@@ -10,8 +10,15 @@ void ModelOptions::add_to(CLI::App& app, bool with_lora, bool required) {
     app.add_option("--lora", lora, "Merge this LoRA adapter (Keras .lora.h5 or a PEFT directory) into the model");
   app.add_flag("--fp32-weights", fp32_weights, "Widen bf16-stored weights to fp32 at load (default: keep bf16)");
   app.add_option("--quantize", quantize,
-                 "Quantize the weights at load as Keras' model.quantize(MODE) does; MODE: int8 (one process for now)")
+                 "Quantize the weights at load as Keras' model.quantize(MODE) does; MODE: int8")
       ->check(CLI::IsMember({"int8"}));
+}
+
+void ModelOptions::add_dtype_policy(CLI::App& app) {
+  app.add_option("--dtype-policy", dtype_policy,
+                 "Keras' dtype policy: float32 (default), mixed_bfloat16 (fp32 variables, bf16 matmul inputs with fp32 "
+                 "sums; norms, RoPE, softmax and the loss in fp32) or bfloat16 (bf16 weights, for inference)")
+      ->check(CLI::IsMember({"float32", "mixed_bfloat16", "bfloat16"}));
 }
 
 }  // namespace meshtune::cli

@@ -61,6 +61,8 @@ inline uint16_t f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
+// f rounded to the nearest bf16 value (as an fp32): what a bf16 matmul input holds.
+inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 float f16_to_f32(uint16_t h);
 
 // Converts any floating tensor (F32/BF16/F16) to a contiguous float vector.

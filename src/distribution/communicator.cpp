@@ -37,6 +37,7 @@ class SingleCommunicator : public Communicator {
   int size() const override { return 1; }
   void all_reduce_sum(float*, size_t) override {}
   void all_reduce_sum(double*, size_t) override {}
+  void all_reduce_max(float*, size_t) override {}
   void all_gather(const float* in, size_t count, float* out) override { copy(in, count, out); }
   void reduce_scatter_sum(const float* in, size_t count, float* out) override {
     copy(in, count, out);
@@ -118,6 +119,10 @@ class MpiCommunicator : public Communicator {
     CollectiveTimer timer;
     all_reduce(data, count, MPI_DOUBLE, sizeof(double));
   }
+  void all_reduce_max(float* data, size_t count) override {
+    CollectiveTimer timer;
+    all_reduce(data, count, MPI_FLOAT, sizeof(float), MPI_MAX);
+  }
 
   void all_gather(const float* in, size_t count, float* out) override {
     // The output interleaves members, so chunks would need strided types; reject instead.
@@ -164,12 +169,11 @@ class MpiCommunicator : public Communicator {
  private:
   // Counts above the int limit go in consecutive chunks: element-wise operations, so the result is
   // the same, and the chunking depends only on `count`, so every member agrees on it.
-  void all_reduce(void* data, size_t count, MPI_Datatype type, size_t element_size) {
+  void all_reduce(void* data, size_t count, MPI_Datatype type, size_t element_size, MPI_Op op = MPI_SUM) {
     char* bytes = static_cast<char*>(data);
     for (size_t done = 0; done < count;) {
       size_t n = std::min(count - done, g_max_mpi_count);
-      check_mpi(MPI_Allreduce(MPI_IN_PLACE, bytes + done * element_size, int(n), type, MPI_SUM,
-                              comm_),
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, bytes + done * element_size, int(n), type, op, comm_),
                 "Allreduce");
       done += n;
     }

@@ -18,6 +18,8 @@ class Communicator {
   // In-place sum over all members.
   virtual void all_reduce_sum(float* data, size_t count) = 0;
   virtual void all_reduce_sum(double* data, size_t count) = 0;
+  // In-place element-wise maximum over all members.
+  virtual void all_reduce_max(float* data, size_t count) = 0;
   // out[r·count + i] = member r's in[i]  (out holds size()·count elements).
   virtual void all_gather(const float* in, size_t count, float* out) = 0;
   // Sums in[size()·count] over members; member r keeps elements [r·count, (r+1)·count) in out.

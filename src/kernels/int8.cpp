@@ -8,23 +8,34 @@
 #include "core/error.h"
 #include "kernels/cpu/features.h"
 #include "kernels/cpu/int8_dot.h"
+#include "kernels/cpu/onednn.h"
 
 namespace meshtune {
 
 // Keras: 127 / (max|v| + 1e-7), float32 add then float32 divide.
-static float absmax_scale(const float* values, int64_t n) {
+float int8_scale(float abs_max) { return 127.0f / (abs_max + 1e-7f); }
+
+static float abs_max(const float* values, int64_t n) {
   float m = 0.f;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(values[i]));
-  return 127.0f / (m + 1e-7f);
+  return m;
 }
 
-float quantize_int8(const float* values, int64_t n, int8_t* codes) {
-  const float s = absmax_scale(values, n);
+void row_abs_max(const float* x, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = abs_max(x + r * cols, cols);
+}
+
+void quantize_int8_scaled(const float* values, int64_t n, float s, int8_t* codes) {
   for (int64_t i = 0; i < n; ++i) {
     // nearbyint rounds half to even in the default rounding mode, as np.round does (roundf would not).
     const float q = std::nearbyint(values[i] * s);
     codes[i] = int8_t(std::clamp(q, -127.f, 127.f));
   }
+}
+
+float quantize_int8(const float* values, int64_t n, int8_t* codes) {
+  const float s = int8_scale(abs_max(values, n));
+  quantize_int8_scaled(values, n, s, codes);
   return s;
 }
 
@@ -43,7 +54,21 @@ struct Int8Storage {
   std::vector<float> scales;
 };
 
-WeightMatrix quantize_matrix_int8(const WeightMatrix& W) {
+std::vector<float> matrix_row_abs_max(const WeightMatrix& W) {
+  std::vector<float> maxima(static_cast<size_t>(W.rows));
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(W.cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < W.rows; ++r) {
+      W.row_to_f32(r, row.data());
+      maxima[size_t(r)] = abs_max(row.data(), W.cols);
+    }
+  }
+  return maxima;
+}
+
+WeightMatrix quantize_matrix_int8(const WeightMatrix& W, const float* row_max) {
   check_int8_columns(W.cols, "quantize_matrix_int8");
   auto storage = std::make_shared<Int8Storage>();
   storage->codes.resize(size_t(W.rows) * size_t(W.cols));
@@ -54,7 +79,9 @@ WeightMatrix quantize_matrix_int8(const WeightMatrix& W) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < W.rows; ++r) {
       W.row_to_f32(r, row.data());
-      storage->scales[size_t(r)] = quantize_int8(row.data(), W.cols, storage->codes.data() + r * W.cols);
+      const float scale = int8_scale(row_max ? row_max[r] : abs_max(row.data(), W.cols));
+      quantize_int8_scaled(row.data(), W.cols, scale, storage->codes.data() + r * W.cols);
+      storage->scales[size_t(r)] = scale;
     }
   }
   WeightMatrix q;
@@ -73,14 +100,18 @@ void use_onednn_for_int8(bool use) { onednn_enabled = use; }
 static constexpr int64_t kFewRows = 4;
 bool int8_uses_onednn(int64_t M) { return onednn_enabled && M > kFewRows && cpu::onednn_available(); }
 
-void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y) {
+void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y, const float* x_row_max) {
   check_int8_columns(W.cols, "linear_int8");
   // Per-thread scratch kept between calls: decode calls this hundreds of times per token.
   thread_local std::vector<int8_t> codes;
   thread_local std::vector<float> x_scales;
   codes.resize(static_cast<size_t>(M * W.cols));
   x_scales.resize(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) x_scales[size_t(m)] = quantize_int8(x + m * W.cols, W.cols, codes.data() + m * W.cols);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * W.cols;
+    x_scales[size_t(m)] = int8_scale(x_row_max ? x_row_max[m] : abs_max(row, W.cols));
+    quantize_int8_scaled(row, W.cols, x_scales[size_t(m)], codes.data() + m * W.cols);
+  }
   if (int8_uses_onednn(M))
     return cpu::dot_int8_onednn(codes.data(), M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, y);
   switch (cpu_path()) {

@@ -4,10 +4,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cpu/features.h"
 #include "kernels/cpu/gemv.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/int8.h"
 
 namespace meshtune {
@@ -37,14 +41,19 @@ WeightMatrix WeightMatrix::from_f32(int64_t rows, int64_t cols, std::vector<floa
   return m;
 }
 
-void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y) {
+void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision) {
+  const bool bf16 = precision == MatmulPrecision::BF16 && W.dtype != DType::I8;
+  auto input = [bf16](float v) { return bf16 ? round_to_bf16(v) : v; };
   for (int64_t m = 0; m < M; ++m)
     for (int64_t r = 0; r < W.rows; ++r) {
       double acc = 0;
-      for (int64_t c = 0; c < W.cols; ++c) acc += double(x[m * W.cols + c]) * W.at(r, c);
+      for (int64_t c = 0; c < W.cols; ++c) acc += double(input(x[m * W.cols + c])) * input(W.at(r, c));
       y[m * W.rows + r] = float(acc);
     }
 }
+
+// Rows of x at or below which the matrix-vector path beats sgemm (W is streamed once).
+static constexpr int64_t kFewRows = 4;
 
 // ---- few-row path (M ≤ 4, decode): W streamed once, one path per instruction set --------------
 
@@ -73,6 +82,32 @@ void widen_bf16(const uint16_t* src, int64_t n, float* dst) {
     case CpuPath::Avx2: return cpu::widen_bf16_avx2(src, n, dst);
     case CpuPath::Generic: return cpu::widen_bf16_generic(src, n, dst);
   }
+}
+
+void narrow_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+// W as bf16: itself unless it is fp32, else a view of its values rounded into `values` (which
+// must outlive the view; fp32 weights being trained are rounded at every call, as Keras casts them).
+static WeightMatrix bf16_weights(const WeightMatrix& W, std::vector<uint16_t>& values) {
+  if (W.dtype != DType::F32) return W;
+  values.resize(size_t(W.rows * W.cols));
+  narrow_to_bf16(W.f32(), W.rows * W.cols, values.data());
+  WeightMatrix view = W;
+  view.dtype = DType::BF16;
+  view.data = values.data();
+  view.mapped = false;
+  return view;
+}
+
+WeightMatrix to_bf16_matrix(const WeightMatrix& W) {
+  if (W.dtype != DType::F32) return W;
+  auto values = std::make_shared<std::vector<uint16_t>>();
+  WeightMatrix b = bf16_weights(W, *values);
+  b.owner = values;
+  return b;
 }
 
 // ---- many-row path (M > 4, prefill): OpenBLAS sgemm ----------------------------------------------
@@ -111,16 +146,58 @@ static void linear_bf16_gemm(const float* x, int64_t M, const WeightMatrix& W, f
   }
 }
 
-// Rows of x at or below which the matrix-vector path beats sgemm (W is streamed once).
-static constexpr int64_t kFewRows = 4;
 
-void linear(const float* x, int64_t M, const WeightMatrix& W, float* y) {
+// ---- bf16 inputs (MatmulPrecision::BF16) --------------------------------------------------------
+
+static int onednn_for_bf16 = -1;  // -1: not chosen yet (MESHTUNE_BF16_MATMUL, else AMX or not)
+void use_onednn_for_bf16(bool use) { onednn_for_bf16 = use; }
+bool bf16_matmul_uses_dot_products() {
+  if (onednn_for_bf16 < 0) {
+    const char* env = std::getenv("MESHTUNE_BF16_MATMUL");
+    const std::string choice = env ? env : "";
+    check(choice.empty() || choice == "onednn" || choice == "sgemm", "MESHTUNE_BF16_MATMUL=", choice,
+          ": expected onednn or sgemm");
+    onednn_for_bf16 = choice.empty() ? cpu_features().amx_bf16 : choice == "onednn";
+  }
+  return onednn_for_bf16 == 1 && cpu_path() == CpuPath::Avx512Bf16 && cpu::onednn_available();
+}
+
+
+// The bf16 inputs of a product, kept per thread between calls: `a` (x or dy) as bf16, and as
+// those values widened back to fp32 for the paths without bf16 dot products.
+struct Bf16Inputs {
+  std::vector<uint16_t> a, w;
+  std::vector<float> a_rounded;
+};
+
+static const uint16_t* narrow_input(const float* a, int64_t n, Bf16Inputs& in) {
+  in.a.resize(size_t(n));
+  narrow_to_bf16(a, n, in.a.data());
+  return in.a.data();
+}
+
+static const float* rounded_input(const float* a, int64_t n, Bf16Inputs& in) {
+  in.a_rounded.resize(size_t(n));
+  float* out = in.a_rounded.data();
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
+  for (int64_t i = 0; i < n; ++i) out[i] = round_to_bf16(a[i]);
+  return out;
+}
+
+void linear(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision) {
   if (M <= 0 || W.rows == 0) return;
   if (W.cols == 0) {
     std::fill(y, y + M * W.rows, 0.f);
     return;
   }
   if (W.dtype == DType::I8) return linear_int8(x, M, W, y);
+  if (precision == MatmulPrecision::BF16) {
+    thread_local Bf16Inputs in;
+    const WeightMatrix Wb = bf16_weights(W, in.w);
+    if (M > kFewRows && bf16_matmul_uses_dot_products())
+      return cpu::matmul_bf16_onednn(narrow_input(x, M * W.cols, in), M, W.cols, Wb.bf16(), W.rows, true, y, false);
+    return linear(rounded_input(x, M * W.cols, in), M, Wb, y);
+  }
   if (M <= kFewRows) return linear_few_rows(x, M, W, y);
   if (W.dtype == DType::F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(W.rows), int(W.cols), 1.f, x, int(W.cols),
@@ -132,7 +209,15 @@ void linear(const float* x, int64_t M, const WeightMatrix& W, float* y) {
 
 // ---- backward: dx = dy·W and dW = dyᵀ·x, through OpenBLAS ----------------------------------------
 
-void linear_backward_input(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate) {
+void linear_backward_input(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate,
+                           MatmulPrecision precision) {
+  if (precision == MatmulPrecision::BF16 && W.dtype != DType::I8) {
+    thread_local Bf16Inputs in;
+    const WeightMatrix Wb = bf16_weights(W, in.w);
+    if (M > kFewRows && bf16_matmul_uses_dot_products())
+      return cpu::matmul_bf16_onednn(narrow_input(dy, M * W.rows, in), M, W.rows, Wb.bf16(), W.cols, false, dx, accumulate);
+    return linear_backward_input(rounded_input(dy, M * W.rows, in), M, Wb, dx, accumulate);
+  }
   const float beta = accumulate ? 1.f : 0.f;
   if (W.dtype == DType::F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(W.cols), int(W.rows), 1.f, dy, int(W.rows),

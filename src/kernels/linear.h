@@ -45,23 +45,44 @@ struct WeightMatrix {
   static WeightMatrix from_f32(int64_t rows, int64_t cols, std::vector<float> values);
 };
 
-// y[m, 0:rows] = Σ_k x[m, k] · W[r, k], for m < M. x is [M, cols], y is [M, rows], both row-major.
-void linear(const float* x, int64_t M, const WeightMatrix& W, float* y);
+// What a matrix product's float inputs are: F32 as given, or BF16 — x (dy in backward) and W
+// rounded to bf16 (nearest even), the products summed in fp32 and written as fp32: the matmuls of
+// Keras' mixed_bfloat16 and bfloat16 policies. Where the CPU has bf16 dot products (the
+// avx512bf16 path) and the build has oneDNN, oneDNN's bf16 matmul computes it; elsewhere the same
+// bf16 values are widened and summed by the fp32 paths (bf16 is then a storage format). int8
+// matrices take the int8 path whatever the precision.
+enum class MatmulPrecision { F32, BF16 };
+// Whether more than 4 rows at BF16 go to oneDNN's bf16 matmul: only where it beats OpenBLAS sgemm
+// on the widened values — with AMX-BF16 tiles. With AVX512_BF16 alone oneDNN 2.6.3 reached
+// 140–150 GFLOP/s against sgemm's 185–250 on the development machine (bench/bench_gemm), so
+// there bf16 stays a storage format. MESHTUNE_BF16_MATMUL=onednn|sgemm overrides; tests and the
+// benchmark switch it with use_onednn_for_bf16.
+bool bf16_matmul_uses_dot_products();
+void use_onednn_for_bf16(bool use);
 
-// The plain triple loop (double accumulation): the reference the tests compare `linear` against.
-void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y);
+// y[m, 0:rows] = Σ_k x[m, k] · W[r, k], for m < M. x is [M, cols], y is [M, rows], both row-major.
+void linear(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision = MatmulPrecision::F32);
+
+// The plain triple loop (double accumulation, inputs rounded as `precision` says): the reference
+// the tests compare `linear` against.
+void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y,
+                      MatmulPrecision precision = MatmulPrecision::F32);
 
 // Backward of linear (y = x·Wᵀ, W [out, in]): dx = dy·W and dW = dyᵀ·x, through OpenBLAS. For I8,
 // dx uses the dequantized W and treats the activation quantizer as the identity (straight-through),
 // as Keras' int8 EinsumDense gradient does.
 // dx[M, cols] (+)= dy[M, rows] · W. `accumulate` adds into dx instead of overwriting.
-void linear_backward_input(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate = false);
+void linear_backward_input(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate = false,
+                           MatmulPrecision precision = MatmulPrecision::F32);
 
 // dW[rows, cols] += dy[M, rows]ᵀ · x[M, cols].
 void linear_backward_weight(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols, float* dW);
 
 
-// bf16 → fp32 for n values, on the CPU path in use.
+// bf16 → fp32 for n values, on the CPU path in use; fp32 → bf16 (nearest even, NaN kept).
 void widen_bf16(const uint16_t* src, int64_t n, float* dst);
+void narrow_to_bf16(const float* src, int64_t n, uint16_t* dst);
+// W stored as bf16 (W itself when it is bf16 or int8 already).
+WeightMatrix to_bf16_matrix(const WeightMatrix& W);
 
 }  // namespace meshtune

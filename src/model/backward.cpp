@@ -17,7 +17,7 @@ namespace meshtune {
 // fine-tuning); the LoRA term adds its ∂A and ∂B (W itself is never differentiated under LoRA).
 static void project_backward(const GemmaModel& model, int layer, Slot slot, const float* x, const float* dy, int64_t M,
                              const WeightMatrix& W, float* dx, bool accumulate, float* grad_w) {
-  linear_backward_input(dy, M, W, dx, accumulate);
+  linear_backward_input(dy, M, W, dx, accumulate, model.matmul_precision);
   if (grad_w) linear_backward_weight(dy, x, M, W.rows, W.cols, grad_w);
   low_rank_backward(x, dy, M, model.low_rank_term(layer, slot), dx);
 }
@@ -175,7 +175,7 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
     // tied embedding.
     softmax_cross_entropy_backward(logits.data(), n, part, v0, batch.targets, batch.sample_weight, chunk_rows,
                                    loss_scale, stats, c.final_logit_soft_cap);
-    linear_backward_input(logits.data(), n, model.embeddings, d_h_chunk.data());
+    linear_backward_input(logits.data(), n, model.embeddings, d_h_chunk.data(), false, model.matmul_precision);
     if (vocab_group) vocab_group->all_reduce_sum(d_h_chunk.data(), size_t(n * D));  // Σ over vocabulary parts
     if (grads->embeddings) linear_backward_weight(logits.data(), h_chunk.data(), n, part, D, grads->embeddings);
     scatter_rows(d_h_chunk.data(), chunk_rows, n, D, d_hidden.data());

@@ -83,7 +83,9 @@ static std::string keras_dtype(const JsonValue& c, std::set<std::string>& int8_l
   const JsonValue map = (*dtype)["config"];
   for (const auto& [layer, policy] : map["policy_map"].members()) {
     const std::string cls = policy.is_object() ? policy.string_or("class_name", "") : "";
-    if (cls != "QuantizedDTypePolicy" && cls != "DTypePolicy") policy.fail("expected a QuantizedDTypePolicy");
+    if (cls != "QuantizedDTypePolicy" && cls != "DTypePolicy")
+      policy.fail("expected a QuantizedDTypePolicy or DTypePolicy",
+                  policy.is_object() ? ", got class_name \"" + brief(cls) + "\"" : std::string(", got a non-object"));
     if (cls == "DTypePolicy") continue;  // a float layer named explicitly
     const std::string mode = policy["config"]["mode"].string();
     if (mode != "int8") policy["config"]["mode"].fail("quantization mode \"", brief(mode), "\" is not supported (only int8)");

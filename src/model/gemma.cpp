@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/int8.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/tensor_ops.h"
@@ -64,8 +65,23 @@ const LowRankTerm& GemmaModel::low_rank_term(int layer, Slot slot) const {
   return *const_cast<LayerLowRank&>(low_rank[size_t(layer)]).of(slot);
 }
 
+// Under tensor parallelism attention_output and ffw_linear see only this process' slice of their
+// input (its heads, its FFN columns). int8 quantizes each token by its largest magnitude over the
+// whole input (as Keras does, and as JAX computes it on a sharded array), so the slices' maxima are
+// combined first; the partial products then add up as the float ones do.
+static bool input_is_split(const GemmaModel& model, Slot slot) {
+  return model.tensor_parallel && (slot == Slot::AttentionOutput || slot == Slot::FfwLinear);
+}
+
 void project(const GemmaModel& model, int layer, Slot slot, const float* x, int64_t M, const WeightMatrix& W, float* y) {
-  linear(x, M, W, y);
+  if (W.dtype == DType::I8 && input_is_split(model, slot)) {
+    FloatBuffer token_max(static_cast<size_t>(M));
+    row_abs_max(x, M, W.cols, token_max.data());
+    model.tensor_parallel->all_reduce_max(token_max.data(), token_max.size());
+    linear_int8(x, M, W, y, token_max.data());
+  } else {
+    linear(x, M, W, y, model.matmul_precision);
+  }
   const LowRankTerm& lora = model.low_rank_term(layer, slot);
   if (!lora.active()) return;
   check(lora.in == W.cols && lora.out() == W.rows, "LoRA term of decoder_block_", layer, "/", int(slot), " is ",
@@ -215,7 +231,7 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
 }
 
 void lm_head_local(const GemmaModel& model, const float* hidden, int64_t M, float* logits) {
-  linear(hidden, M, model.embeddings, logits);
+  linear(hidden, M, model.embeddings, logits, model.matmul_precision);
   if (model.config.final_logit_soft_cap > 0)
     soft_cap(logits, M * model.embeddings.rows, model.config.final_logit_soft_cap);
 }

@@ -65,6 +65,11 @@ struct GemmaModel {
   int64_t vocab_offset = 0;
   bool vocab_parallel() const { return embeddings.rows < config.vocab_size; }
 
+  // The dtype policy's matmul inputs (cli --dtype-policy): F32 for float32; BF16 for
+  // mixed_bfloat16 and bfloat16 — the projections, the tied head and their input gradients take
+  // bf16 inputs with fp32 sums (kernels/linear.h); norms, RoPE, attention, the loss stay fp32.
+  MatmulPrecision matmul_precision = MatmulPrecision::F32;
+
   size_t weight_bytes() const;  // bytes of all weights as stored in memory (int8 scales included)
   bool has_int8() const;        // any matrix stored as int8 codes
 

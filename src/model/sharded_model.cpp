@@ -1,5 +1,6 @@
 #include "model/sharded_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -22,29 +23,62 @@ void set_variable(GemmaModel& m, const VariableSpec& spec, std::vector<float> va
   }
 }
 
-// Block `s` of matrix `w` copied in w's own dtype (a bf16 block stays bf16): the runs of local[2]
-// values, each inside one matrix row, one after another.
-static WeightMatrix copy_block(const WeightMatrix& w, const ShardSpec& s) {
+int64_t block_rows(const VariableSpec& spec, const ShardSpec& block) {
+  return spec.kind == VarKind::HeadsOut ? block.local[0] : block.local[0] * block.local[1];
+}
+
+std::vector<float> block_scales(const float* scales, const VariableSpec& spec, const ShardSpec& s) {
+  ShardSpec rows;  // the scales seen as (d0, 1, 1) or (d0, d1, 1)
+  const int row_dims = spec.kind == VarKind::HeadsOut ? 1 : 2;
+  for (int d = 0; d < row_dims; ++d) {
+    rows.full[size_t(d)] = s.full[size_t(d)];
+    rows.local[size_t(d)] = s.local[size_t(d)];
+    rows.offset[size_t(d)] = s.offset[size_t(d)];
+    rows.axis[size_t(d)] = s.axis[size_t(d)];
+  }
+  return take_block(scales, rows);
+}
+
+WeightMatrix matrix_block(const WeightMatrix& w, const VariableSpec& spec, const ShardSpec& s) {
+  // The runs of local[2] values, each inside one matrix row, one after another.
   const size_t element = dtype_size(w.dtype), run = size_t(s.local[2]) * element;
-  auto bytes = std::make_shared<std::vector<std::byte>>(size_t(s.local_size()) * element);
-  std::byte* out = bytes->data();
+  struct Storage {
+    std::vector<std::byte> bytes;
+    std::vector<float> scales;
+  };
+  auto storage = std::make_shared<Storage>();
+  storage->bytes.resize(size_t(s.local_size()) * element);
+  std::byte* out = storage->bytes.data();
   for (int64_t a = 0; a < s.local[0]; ++a)
     for (int64_t b = 0; b < s.local[1]; ++b, out += run) {
       const int64_t flat = ((a + s.offset[0]) * s.full[1] + (b + s.offset[1])) * s.full[2] + s.offset[2];
       std::memcpy(out, static_cast<const std::byte*>(w.data) + size_t(flat) * element, run);
     }
   WeightMatrix block;
-  block.rows = 1;
-  block.cols = s.local_size();
+  block.rows = block_rows(spec, s);
+  block.cols = s.local_size() / block.rows;
   block.dtype = w.dtype;
-  block.data = bytes->data();
-  block.owner = bytes;
+  block.data = storage->bytes.data();
+  if (w.dtype == DType::I8) {
+    storage->scales = block_scales(w.scales, spec, s);
+    block.scales = storage->scales.data();
+  }
+  block.owner = storage;
   return block;
+}
+
+void combine_row_maxima(const VariableSpec& spec, const ShardSpec& block, DeviceMesh& mesh, float* row_max) {
+  const std::vector<int> column_dims = spec.kind == VarKind::HeadsOut ? std::vector<int>{1, 2} : std::vector<int>{2};
+  std::vector<int> axes;
+  for (int d : column_dims)
+    if (const int axis = block.axis[size_t(d)]; axis >= 0 && std::find(axes.begin(), axes.end(), axis) == axes.end())
+      axes.push_back(axis);
+  for (int axis : axes) mesh.axis_comm(axis).all_reduce_max(row_max, size_t(block_rows(spec, block)));
 }
 
 std::vector<float> read_block(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
   const WeightMatrix* w = m.matrix(spec.slot, spec.layer);
-  return w ? copy_block(*w, s).to_f32() : take_block(m.vector(spec.slot, spec.layer)->data(), s);
+  return w ? matrix_block(*w, spec, s).to_f32() : take_block(m.vector(spec.slot, spec.layer)->data(), s);
 }
 
 bool holds_only_block(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {
@@ -62,6 +96,7 @@ static bool whole_rows(const WeightMatrix& w, const ShardSpec& s, WeightMatrix& 
   view = w;
   view.rows = s.local_size() / w.cols;
   view.data = static_cast<const std::byte*>(w.data) + size_t(first) * dtype_size(w.dtype);
+  if (w.dtype == DType::I8) view.scales = w.scales + first / w.cols;
   return true;
 }
 
@@ -79,38 +114,37 @@ ShardedModel::ShardedModel(GemmaModel model, const LayoutMap& layout, DeviceMesh
                                       layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
     if (!shard.split()) continue;
     // A variable that already holds just this block was loaded that way (sharded loading): keep it
-    // as it is (fp32 or bf16). A block of whole rows of a memory-mapped checkpoint is a view of the
+    // as it is (in its dtype: fp32, bf16 or int8). A block of whole rows of a memory-mapped checkpoint is a view of the
     // file; other blocks are copied in the stored dtype (so the whole buffer can be freed).
     const WeightMatrix* w = model_.matrix(spec.slot, spec.layer);
-    check(!w || w->dtype != DType::I8, spec.keras_path,
-          ": int8 weights cannot be split across a mesh yet (int8 runs on one process or data parallel, "
-          "with no model axis; or use float weights)");
     const bool loaded_as_block = holds_only_block(model_, spec, shard);
     WeightMatrix values;
     if (w && loaded_as_block) values = *w;
     else if (w && w->mapped && whole_rows(*w, shard, values)) {}
-    else if (w) values = copy_block(*w, shard);
+    else if (w) values = matrix_block(*w, spec, shard);
     else values = WeightMatrix::from_f32(1, shard.local_size(), take_block(variable_values(model_, spec).data(), shard));
     blocks_.push_back({spec, shard, std::move(values)});
     set_variable(model_, spec, {});  // keep only the block
   }
 }
 
+// Int8 weights are used only as each process' own tensor-parallel part (see the header).
+static void check_not_int8(const WeightMatrix& w, const VariableSpec& spec) {
+  check(w.dtype != DType::I8, spec.keras_path, ": int8 weights split across the mesh can only be used as each process' "
+        "tensor-parallel part, not gathered (that would compute with dequantized floats, not int8): split every block's "
+        "heads and FFN width over one model axis, as the tutorial's and KerasHub's layout maps do, or use float weights");
+}
+
 GemmaModel ShardedModel::materialize() const {
   GemmaModel m = model_;
   for (const Block& b : blocks_) {
+    check_not_int8(b.values, b.spec);
     std::vector<float> full(static_cast<size_t>(b.shard.full_size()));
     std::vector<float> widened;
     gather_full(f32_values(b.values, widened), b.shard, *mesh_, full.data());
     set_variable(m, b.spec, std::move(full));
   }
   return m;
-}
-
-// Rows of a variable's region as a matrix in our [out, in] layout: (heads, H, D) and (1, out, in)
-// views put two dimensions in the rows, (D, N, H) one.
-static int64_t region_rows(const VariableSpec& spec, const ShardSpec& region) {
-  return spec.kind == VarKind::HeadsOut ? region.local[0] : region.local[0] * region.local[1];
 }
 
 // Stores `values` (region-sized fp32, or a non-owning view of `shared`) as variable `spec` of w/m.
@@ -122,7 +156,7 @@ static void put_region(GemmaModel& m, DecoderLayerWeights* w, const VariableSpec
     vec = shared ? shared->to_f32() : std::move(values);
     return;
   }
-  const int64_t rows = region_rows(spec, region), cols = region.local_size() / rows;
+  const int64_t rows = block_rows(spec, region), cols = region.local_size() / rows;
   if (!shared) {
     *matrix = WeightMatrix::from_f32(rows, cols, std::move(values));
     return;
@@ -154,13 +188,20 @@ GemmaModel ShardedModel::compute_model(bool by_layer) const {
       if (same_region(region, whole_shard_spec(our_dimensions(spec.kind), spec.keras_shape))) continue;
       const WeightMatrix& whole = *model_.matrix(spec.slot, spec.layer);
       WeightMatrix rows;
-      if (whole_rows(whole, region, rows)) *m.matrix(spec.slot, spec.layer) = rows;  // shared
-      else put_region(m, nullptr, spec, region, read_block(model_, spec, region));
+      if (whole_rows(whole, region, rows)) {
+        *m.matrix(spec.slot, spec.layer) = rows;  // shared
+      } else {
+        check_not_int8(whole, spec);
+        put_region(m, nullptr, spec, region, read_block(model_, spec, region));
+      }
       continue;
     }
     if (contains(region, block->shard) && !relative(block->shard, region).split()) {
       put_region(m, nullptr, spec, region, {}, &block->values);  // this process' block is its region
-    } else if (by_layer && spec.layer >= 0) {
+      continue;
+    }
+    check_not_int8(block->values, spec);
+    if (by_layer && spec.layer >= 0) {
       deferred.push_back(block);
     } else {
       std::vector<float> widened;

@@ -3,7 +3,9 @@
 // compute_model() gives what the forward/backward passes use: under a tensor-parallel plan each
 // process' share of the heads and FFN width (from its own blocks, no communication), with every
 // other split variable all-gathered (FSDP-style: "all-gather before use"); materialize() gives the
-// whole model (export). Every process must call them together.
+// whole model (export). Every process must call them together. Int8 blocks are used only where
+// they are the tensor-parallel compute region (an all-gather of int8 weights would compute with
+// dequantized floats, not Keras' int8 arithmetic): other int8 splits are an error naming the variable.
 #pragma once
 #include <vector>
 
@@ -27,6 +29,20 @@ bool holds_only_block(const GemmaModel& model, const VariableSpec& spec, const S
 // The same for a part of the variable: `region` (in our 3-D view) says which (e.g. a tensor-parallel
 // compute region); the matrix gets the region's rows and columns.
 void set_variable(GemmaModel& model, const VariableSpec& spec, const ShardSpec& region, std::vector<float> values);
+
+// Blocks of matrices, in our [out, in] layout: the block's rows are dimension 0 of a (D, N, H) view,
+// dimensions 0 and 1 of the others; its columns the rest.
+int64_t block_rows(const VariableSpec& spec, const ShardSpec& block);
+// Block `s` of matrix `w` copied in w's own dtype, as a matrix of the block's rows. An int8 block
+// keeps its rows' scales: they are the whole rows' (a block of columns shares them).
+WeightMatrix matrix_block(const WeightMatrix& w, const VariableSpec& spec, const ShardSpec& s);
+// The scales of block `s`'s rows, from the whole matrix's (one per row).
+std::vector<float> block_scales(const float* scales, const VariableSpec& spec, const ShardSpec& s);
+// Int8 quantization of a block (kernels/int8.h) needs each row's max|W| over the whole row: when
+// the block holds only some of its rows' columns, `row_max` (block_rows values, the block's own
+// maxima) becomes the maximum over the processes holding the other columns (all-reduce-max over
+// the mesh axes splitting the columns). Every process holding a block must call it.
+void combine_row_maxima(const VariableSpec& spec, const ShardSpec& block, DeviceMesh& mesh, float* row_max);
 
 // `compute` (a ShardedModel's compute model, or any model computed as `plan` says) with LoRA merged
 // in: under tensor parallelism each process adds only its part of every ΔW. `whole` is the whole

@@ -14,6 +14,7 @@
 #include "io/keras_h5.h"
 #include "io/safetensors.h"
 #include "kernels/int8.h"
+#include "model/sharded_model.h"
 #include "model/variables.h"
 
 namespace meshtune {
@@ -125,7 +126,7 @@ GemmaConfig read_model_config(const ModelDir& dir) {
 using TakeTensor = std::function<std::optional<HostTensor>(const std::string& name)>;
 
 static WeightMatrix int8_matrix(const HostTensor& codes, const VariableSpec& spec, const TakeTensor& take,
-                                const std::string& weights_file) {
+                                const std::string& weights_file, const std::optional<ShardSpec>& block) {
   const std::string scale_name = keras_int8_scale_path(spec);
   std::optional<HostTensor> taken = take(scale_name);
   check(taken.has_value(), weights_file, ": missing tensor ", scale_name, " (the int8 scale of ", keras_layer(spec),
@@ -136,32 +137,56 @@ static WeightMatrix int8_matrix(const HostTensor& codes, const VariableSpec& spe
   check(scale.shape == keras_int8_scale_shape(spec), weights_file, ": tensor ", scale_name, " (int8 scale of ",
         keras_layer(spec), ") has shape ", shape_str(scale.shape), ", expected ", shape_str(keras_int8_scale_shape(spec)));
   check_int8_columns(num_elements(codes.shape) / std::max<int64_t>(1, codes.shape[0]), weights_file + ": " + keras_layer(spec));
+  // Keras' broadcast scale shapes flatten to our row order; a block (sharded loading) takes its rows'.
+  std::vector<float> scales(static_cast<size_t>(num_elements(scale.shape)));
+  std::memcpy(scales.data(), scale.data, scales.size() * sizeof(float));
+  if (block) scales = block_scales(scales.data(), spec, *block);
   struct Storage {
-    HostTensor codes, scale;
+    HostTensor codes;
+    std::vector<float> scales;
   };
-  auto storage = std::make_shared<Storage>(Storage{codes, scale});
+  auto storage = std::make_shared<Storage>(Storage{codes, std::move(scales)});
   WeightMatrix m;
   m.rows = codes.shape[0];
   m.cols = num_elements(codes.shape) / std::max<int64_t>(1, codes.shape[0]);
   m.dtype = DType::I8;
   m.data = codes.data;
-  m.scales = scale.as<float>();  // Keras' broadcast shapes flatten to our row order
+  m.scales = storage->scales.data();
   m.owner = storage;
-  check(reinterpret_cast<uintptr_t>(m.scales) % alignof(float) == 0, weights_file, ": tensor ", scale_name, " is misaligned");
   return m;
+}
+
+// A float matrix quantized to int8 as it loads. A block (sharded loading) gets the whole rows'
+// maxima, so its codes and scales are those of the whole matrix.
+static WeightMatrix quantized_matrix(const WeightMatrix& w, const VariableSpec& spec, const std::optional<ShardSpec>& block,
+                                     const LoadOptions& options) {
+  if (!block) return quantize_matrix_int8(w);
+  std::vector<float> row_max = matrix_row_abs_max(w);
+  if (options.combine_row_max) options.combine_row_max(spec, *block, row_max.data());
+  return quantize_matrix_int8(w, row_max.data());
 }
 
 GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
   const bool keep_bf16 = options.keep_bf16;
-  const VariableBlocks& block_of = options.block_of;
   GemmaModel model;
   const bool keras = dir.format == ModelFormat::Keras;
   model.config = read_model_config(dir);
-  // Sharded loading: the boxes of the variables this process holds only a block of.
+  // Sharded loading: the blocks of the variables this process holds only a block of, and for a
+  // Keras preset their boxes in the file (the variable's Keras dimensions).
+  std::map<std::string, ShardSpec> blocks;
   std::map<std::string, DatasetBox> boxes;
-  if (keras && block_of)
-    for (const VariableSpec& spec : gemma_variables(model.config))
-      if (std::optional<DatasetBox> box = block_of(spec)) boxes[spec.h5_path] = *box;
+  if (options.block_of)
+    for (const VariableSpec& spec : gemma_variables(model.config)) {
+      const std::optional<ShardSpec> block = options.block_of(spec);
+      if (!block) continue;
+      blocks[spec.h5_path] = *block;
+      if (!keras) continue;
+      DatasetBox& box = boxes[spec.h5_path];
+      for (int d : our_dimensions(spec.kind)) {
+        box.start.push_back(block->offset[size_t(d)]);
+        box.count.push_back(block->local[size_t(d)]);
+      }
+    }
   DatasetSelection select;
   if (!boxes.empty())
     select = [&boxes](const std::string& name, const Shape& shape) -> std::optional<DatasetBox> {
@@ -202,7 +227,6 @@ GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
   const GemmaConfig& c = model.config;
   model.layers.resize(size_t(c.num_layers));
   std::set<std::string> int8_layers = c.int8_layers;
-  check(int8_layers.empty() || boxes.empty(), dir.path, ": an int8 preset loads on one process for now (not under a mesh)");
   for (const VariableSpec& spec : gemma_variables(c)) {
     const std::string& name = keras ? spec.h5_path : spec.hf_name;
     std::optional<HostTensor> taken = take(name);
@@ -215,18 +239,28 @@ GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
     check(t.shape == expected, weights_file, ": tensor ", name, " has shape ", shape_str(t.shape), ", but ",
           dir.config_path, " implies ", shape_str(expected));
     WeightMatrix* w = model.matrix(spec.slot, spec.layer);
+    const auto found = blocks.find(spec.h5_path);
+    const std::optional<ShardSpec> block = found != blocks.end() ? std::optional<ShardSpec>(found->second) : std::nullopt;
     if (w && int8_layers.erase(keras_layer(spec))) {
       check(t.dtype == DType::I8, weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype), ", but ",
             dir.config_path, "'s dtype policy map makes ", keras_layer(spec), " int8");
-      *w = int8_matrix(keras_to_ours(t, spec.kind), spec, take, weights_file);
+      *w = int8_matrix(keras_to_ours(t, spec.kind), spec, take, weights_file, keras ? block : std::nullopt);
       continue;
     }
     check(is_float_dtype(t.dtype), weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype),
           ", expected a floating-point type", t.dtype == DType::I8 ? " (int8 needs a dtype policy map in config.json)" : "");
     if (keras) t = keras_to_ours(t, spec.kind);
-    if (!w) *model.vector(spec.slot, spec.layer) = to_f32(t);
-    else *w = options.quantize_int8 ? quantize_matrix_int8(to_matrix(t, /*keep_bf16=*/true, !keras))
-                                    : to_matrix(t, keep_bf16, /*mapped=*/!keras);
+    if (!w) {
+      *model.vector(spec.slot, spec.layer) = to_f32(t);
+    } else if (options.quantize_int8 || options.bf16_matrices) {
+      // Converted as it loads; a block of a memory-mapped tensor is cut out first (a Keras block
+      // already is the block), so no process holds a converted copy of more than its part.
+      WeightMatrix stored = to_matrix(t, /*keep_bf16=*/true, !keras);
+      if (block && !keras) stored = matrix_block(stored, spec, *block);
+      *w = options.quantize_int8 ? quantized_matrix(stored, spec, block, options) : to_bf16_matrix(stored);
+    } else {
+      *w = to_matrix(t, keep_bf16, /*mapped=*/!keras);
+    }
     if (!keras && w && w->data != t.data) release_mapped_pages(t.data, t.nbytes());  // converted: the map's pages go
   }
   check(int8_layers.empty(), dir.config_path, ": the dtype policy map names layer ",

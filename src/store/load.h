@@ -5,6 +5,7 @@
 #pragma once
 #include <string>
 
+#include "distribution/sharding.h"
 #include "io/keras_h5.h"
 #include "model/gemma.h"
 
@@ -32,17 +33,26 @@ ModelDir inspect_model_dir(const std::string& dir);
 struct LoadOptions {
   // Keep bf16-stored matrices as bf16 (converted inside the kernels); false widens them to fp32.
   bool keep_bf16 = true;
+  // Store every float matrix as bf16 (fp32 ones rounded to nearest even): frozen weights under a
+  // bf16 dtype policy.
+  bool bf16_matrices = false;
   // Quantize every float matrix (the 7 projections of each block and the tied embedding) to int8
   // as it is loaded, with Keras' formula (kernels/int8.h), so the float copy never exists whole.
   bool quantize_int8 = false;
-  // Sharded loading: for a Keras preset, `block_of` may name a box (in the variable's Keras
-  // dimensions) for variables of which this process needs only a block; just that box is read from
-  // the file (HDF5 hyperslab), and the variable then holds only its block (in our layout) — which
-  // ShardedModel recognises by its size. Safetensors are memory-mapped, so they need no boxes: a
-  // process only touches the pages of the rows it uses.
-  std::function<std::optional<DatasetBox>(const VariableSpec& spec)> block_of;
+  // Sharded loading (under a mesh): `block_of` names the block (in our 3-D view) of each variable
+  // this process needs only a block of. A Keras preset reads just that box from the file (HDF5
+  // hyperslab), and the variable then holds only its block (in our layout) — which ShardedModel
+  // recognises by its size. Safetensors are memory-mapped, so a process only touches the pages of
+  // the rows it uses; with quantize_int8 or bf16_matrices their blocks are cut out and converted
+  // one by one too.
+  std::function<std::optional<ShardSpec>(const VariableSpec& spec)> block_of;
+  // With quantize_int8 and block_of: turns a block's row maxima into the whole rows' maxima (for
+  // a block of some columns, an all-reduce-max with the processes holding the others:
+  // model/sharded_model.h combine_row_maxima), so every block has the whole matrix's codes and
+  // scales, as Keras quantizes the whole kernel. Called for every quantized block, in variable
+  // order, on every process.
+  std::function<void(const VariableSpec& spec, const ShardSpec& block, float* row_max)> combine_row_max;
 };
-using VariableBlocks = decltype(LoadOptions::block_of);
 
 // Loads config and weights. fp32 safetensors are memory-mapped and used in place. A Keras int8
 // preset (a DTypePolicyMap in config.json, int8.md §4) loads as int8 codes with their scales.

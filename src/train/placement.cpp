@@ -32,6 +32,7 @@ Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOpti
                  const Distribution& distribution)
     : dist_(distribution), model_(std::move(base)), lora_(std::move(lora)), options_(options) {
   config_ = model_.config;
+  int8_base_ = model_.has_int8();
   const GemmaConfig& c = config_;
   grads_.layers.assign(size_t(c.num_layers), LayerGradients{});
   if (lora_ && lora_->adapters.empty()) lora_.reset();
@@ -286,6 +287,8 @@ GemmaModel Trainer::training_model() {
 }
 
 GemmaModel Trainer::inference_model() {
+  // Over an int8 base the adapters stay low-rank terms, as in Keras (merging would re-quantize).
+  if (lora_ && int8_base_) return training_model();
   if (!dist_.mesh) return current_model();
   if (!lora_) return model_;  // the working copies (this process' parts under tensor parallelism)
   return merge_lora_parts(frozen_.compute_model(/*by_layer=*/false), *lora_, config_, plan_);

@@ -121,6 +121,7 @@ class Trainer {
   std::vector<Trainable> trainables_;
   ShardedModel frozen_;  // LoRA under a mesh: the frozen base, split variables as blocks
   GemmaModel model_;                  // LoRA: the frozen base; full: writable fp32 weights
+  bool int8_base_ = false;            // the frozen base has int8 matrices
   std::optional<LoraWeights> lora_;
   FitOptions options_;
   std::vector<Parameter> params_;

@@ -13,7 +13,8 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "kernels/cpu/int8_dot.h"
+#include "kernels/cpu/onednn.h"
+#include "kernels/linear.h"
 
 namespace meshtune {
 
@@ -178,7 +179,11 @@ std::vector<std::string> kernel_report() {
           " for decode; " + (cpu::onednn_available() ? "oneDNN " + std::string(cpu::onednn_version()) + " (its own ISA choice)"
                                                       : std::string("the same kernel (built without oneDNN)")) +
           " for more than 4 rows",
-      "bf16 arithmetic: none yet — bf16 is a storage format, products are fp32",
+      "bf16 matmuls (--dtype-policy mixed_bfloat16 / bfloat16: bf16 inputs, fp32 sums): " +
+          std::string(bf16_matmul_uses_dot_products()
+                          ? "oneDNN " + std::string(cpu::onednn_version()) + " bf16 matmul for more than 4 rows"
+                          : "sgemm on the widened bf16 values (bf16 is a storage format here: no AMX-BF16, or no "
+                            "oneDNN; MESHTUNE_BF16_MATMUL=onednn forces oneDNN where AVX512_BF16 exists)"),
       "elementwise kernels (norms, RoPE, attention, GeGLU, loss): compiled for the build's baseline",
       std::string("BLAS: OpenBLAS ") + openblas_get_config() + ", core " + openblas_get_corename() + ", threading " +
           (parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential") + ", " +

@@ -19,10 +19,6 @@ void dot_int8_avx512(const int8_t* x, int64_t M, const float* x_scales, const in
 void dot_int8_avx512vnni(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales,
                          int64_t rows, int64_t cols, float* y);
 
-// The same through oneDNN's s8 matmul (int8_onednn.cpp), when the build has it.
-bool onednn_available();
-const char* onednn_version();  // "2.6.3"
-void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales,
-                     int64_t rows, int64_t cols, float* y);
+// The same through oneDNN: cpu/onednn.h.
 
 }  // namespace meshtune::cpu

@@ -1,0 +1,167 @@
+// bench_gemm: the matrix products of each weight precision on the Gemma-2B projection shapes,
+// one JSON line per (shape, implementation) on stdout.
+// - int8 (kernels/int8.h): `linear` with our own kernel on each CPU path the machine has, against
+//   the same job through oneDNN's s8 × s8 → s32 matmul (Debian libdnnl-dev, where the build found
+//   it). Each quantizes x per row, sums integer products and dequantizes (y = acc / (s_x·s_W)), and
+//   must give the reference's floats (checked).
+// - bf16 weights: fp32 inputs (sgemm on the widened weights), and bf16 inputs (the mixed_bfloat16
+//   policy, MatmulPrecision::BF16) through sgemm on the widened values and through oneDNN's bf16
+//   matmul — which of the two `linear` takes is bf16_matmul_uses_dot_products(); the two must
+//   agree to fp32 rounding (checked).
+//
+//   bench_gemm [--threads 2] [--repeat 5]
+#include <CLI/CLI.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cpu/features.h"
+#include "kernels/cpu/int8_dot.h"
+#include "kernels/cpu/onednn.h"
+#include "kernels/int8.h"
+#include "kernels/linear.h"
+#include "run_stats.h"
+
+using namespace meshtune;
+using namespace meshtune::bench;
+
+namespace {
+
+struct Shape3 {
+  const char* name;
+  int64_t M, N, K;  // y[M, N] = x[M, K] · W[N, K]ᵀ
+};
+
+std::vector<float> normal_values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+template <typename F>
+double median_seconds(int repeat, F&& f) {
+  f();  // warm-up
+  std::vector<double> s;
+  for (int i = 0; i < repeat; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    s.push_back(seconds_since(t0));
+  }
+  return median(s);
+}
+
+// One JSON line: the shape, the weights' dtype, the implementation, the time and the rate
+// (GOPS for integer products, GFLOP/s for float ones), and what it was checked against.
+void report(const Shape3& s, const char* weights, const std::string& impl, int threads, double seconds,
+            const nlohmann::ordered_json& check) {
+  const double ops = 2.0 * double(s.M) * double(s.N) * double(s.K);
+  nlohmann::ordered_json j;
+  j["shape"] = s.name;
+  j["weights"] = weights;
+  j["impl"] = impl;
+  j["threads"] = threads;
+  j["cpu_features"] = cpu_features().summary();
+  j["ms"] = seconds * 1e3;
+  j[std::string(weights) == "int8" ? "gops" : "gflops"] = ops / seconds / 1e9;
+  for (const auto& [key, value] : check.items()) j[key] = value;
+  std::cout << j.dump() << std::endl;
+}
+
+// bf16 weights: the fp32-input product and the two routes of the bf16-input one.
+void bench_bf16(const Shape3& s, int threads, int repeat) {
+  const WeightMatrix W = to_bf16_matrix(WeightMatrix::from_f32(s.N, s.K, normal_values(s.N * s.K, 1)));
+  const std::vector<float> x = normal_values(s.M * s.K, 2);
+  std::vector<float> y(size_t(s.M * s.N)), sgemm_route(y.size());
+  report(s, "bf16", "fp32 inputs: sgemm on widened bf16", threads,
+         median_seconds(repeat, [&] { linear(x.data(), s.M, W, y.data()); }), {});
+  use_onednn_for_bf16(false);
+  report(s, "bf16", "bf16 inputs: sgemm on widened values", threads,
+         median_seconds(repeat, [&] { linear(x.data(), s.M, W, sgemm_route.data(), MatmulPrecision::BF16); }), {});
+  use_onednn_for_bf16(true);
+  if (bf16_matmul_uses_dot_products() && s.M > 4) {
+    const double t = median_seconds(repeat, [&] { linear(x.data(), s.M, W, y.data(), MatmulPrecision::BF16); });
+    double worst = 0, largest = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      worst = std::max(worst, double(std::fabs(y[i] - sgemm_route[i])));
+      largest = std::max(largest, double(std::fabs(sgemm_route[i])));
+    }
+    report(s, "bf16", std::string("bf16 inputs: oneDNN ") + cpu::onednn_version() + " bf16 matmul", threads, t,
+           {{"max_rel_diff_to_sgemm_route", worst / largest}});
+  }
+  // The input gradient dx[M, K] = dy[M, N] · W (backward), fp32 and bf16 inputs.
+  const std::vector<float> dy = normal_values(s.M * s.N, 3);
+  std::vector<float> dx(size_t(s.M * s.K));
+  use_onednn_for_bf16(false);
+  report(s, "bf16", "backward dx, fp32 inputs", threads,
+         median_seconds(repeat, [&] { linear_backward_input(dy.data(), s.M, W, dx.data()); }), {});
+  report(s, "bf16", "backward dx, bf16 inputs: sgemm on widened values", threads, median_seconds(repeat, [&] {
+           linear_backward_input(dy.data(), s.M, W, dx.data(), false, MatmulPrecision::BF16);
+         }), {});
+  use_onednn_for_bf16(true);
+  if (bf16_matmul_uses_dot_products() && s.M > 4)
+    report(s, "bf16", "backward dx, bf16 inputs: oneDNN bf16 matmul", threads, median_seconds(repeat, [&] {
+             linear_backward_input(dy.data(), s.M, W, dx.data(), false, MatmulPrecision::BF16);
+           }), {});
+  use_onednn_for_bf16(false);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  choose_blas_kernels(argv);
+  int threads = 2, repeat = 5;
+  CLI::App app("bench_gemm: int8 and bf16 matrix products, ours and oneDNN's; JSON lines on stdout");
+  app.add_option("--threads", threads, "OpenMP threads (oneDNN uses the same pool)")->check(CLI::PositiveNumber);
+  app.add_option("--repeat", repeat, "Timed repeats (the median is reported)")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    omp_set_num_threads(threads);
+    const Shape3 shapes[] = {{"prefill q/gate (128x16384x2048)", 128, 16384, 2048},
+                             {"prefill down (128x2048x16384)", 128, 2048, 16384},
+                             {"decode gate (1x16384x2048)", 1, 16384, 2048},
+                             {"LM head chunk (131x256000x2048)", 131, 256000, 2048}};
+    const CpuPath best = cpu_path();
+    for (const Shape3& s : shapes) {
+      const WeightMatrix W = quantize_matrix_int8(WeightMatrix::from_f32(s.N, s.K, normal_values(s.N * s.K, 1)));
+      const std::vector<float> x = normal_values(s.M * s.K, 2);
+      std::vector<float> want(size_t(s.M * s.N)), got(want.size());
+      auto int8_report = [&](const std::string& impl, double seconds, bool equal) {
+        report(s, "int8", impl, threads, seconds, {{"equal_to_reference", equal}});
+      };
+      set_cpu_path(best);
+      linear_int8_reference(x.data(), s.M, W, want.data());
+      use_onednn_for_int8(false);  // our kernels at every row count
+      for (CpuPath path : supported_cpu_paths()) {
+        set_cpu_path(path);
+        const double t = median_seconds(repeat, [&] { linear(x.data(), s.M, W, got.data()); });
+        int8_report(std::string("meshtune ") + cpu_path_name(path), t, got == want);
+      }
+      set_cpu_path(best);
+      use_onednn_for_int8(true);
+      if (!cpu::onednn_available()) continue;
+      // oneDNN at every shape, decode too (where linear_int8 would not take it): the same quantizing
+      // of x as linear_int8, then the library's oneDNN route.
+      std::vector<int8_t> codes(static_cast<size_t>(s.M * s.K));
+      std::vector<float> x_scales(static_cast<size_t>(s.M));
+      const double t = median_seconds(repeat, [&] {
+        for (int64_t m = 0; m < s.M; ++m) x_scales[size_t(m)] = quantize_int8(x.data() + m * s.K, s.K, codes.data() + m * s.K);
+        cpu::dot_int8_onednn(codes.data(), s.M, x_scales.data(), W.i8(), W.scales, W.rows, W.cols, got.data());
+      });
+      int8_report(std::string("oneDNN ") + cpu::onednn_version(), t, got == want);
+    }
+    for (const Shape3& s : shapes) bench_bf16(s, threads, repeat);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_gemm: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,25 @@
+// The products meshtune hands to oneDNN (Debian libdnnl-dev) where the build found it: the int8
+// GEMM of prefill and training (3.6× our own VNNI kernel at 128 × 16384 × 2048) and the bf16 GEMM
+// of the mixed_bfloat16 policy on CPUs with bf16 dot products (AVX512_BF16, AMX). oneDNN picks its
+// own instruction set (ONEDNN_MAX_CPU_ISA limits it); MESHTUNE_CPU does not reach it. Without
+// oneDNN, onednn_available() is false and callers use their own kernels.
+#pragma once
+#include <cstdint>
+
+namespace meshtune::cpu {
+
+bool onednn_available();
+const char* onednn_version();  // "2.6.3"
+
+// y[m·rows + r] = float(Σ_c x[m·cols + c]·w[r·cols + c]) / (x_scales[m]·w_scales[r]): int8 codes,
+// exact int32 sums, Keras' dequantization (the same floats as cpu/int8_dot.h's kernels).
+void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales,
+                     int64_t rows, int64_t cols, float* y);
+
+// c[M, N] (+)= a[M, K] · B for bf16 a and B, fp32 sums and output. B is b [N, K] row-major read as
+// its transpose when `b_is_n_by_k` (y = x·Wᵀ with W [out, in]), else b [K, N] row-major
+// (dx = dy·W). `accumulate` adds into c.
+void matmul_bf16_onednn(const uint16_t* a, int64_t M, int64_t K, const uint16_t* b, int64_t N, bool b_is_n_by_k,
+                        float* c, bool accumulate);
+
+}  // namespace meshtune::cpu
