@@ -324,7 +324,7 @@ TEST(Cli, Gemma3PresetIsTextOnlyForKeras) {
 TEST(Cli, InfoSystemReportsKernelPathsAndMeshtuneCpuForcesOne) {
   const CommandResult info = run_meshtune("info --system");
   ASSERT_EQ(info.exit_code, 0) << info.err;
-  for (const char* line : {"cpu features:", "kernel path:", "decode matrix-vector", "BLAS: OpenBLAS"})
+  for (const char* line : {"cpu features:", "kernel path:", "decode matrix-vector", "elementwise kernels", "BLAS: OpenBLAS"})
     EXPECT_NE(info.out.find(line), std::string::npos) << line << " in\n" << info.out;
   const CommandResult forced = run_meshtune("info --system", "MESHTUNE_CPU=generic");
   ASSERT_EQ(forced.exit_code, 0) << forced.err;

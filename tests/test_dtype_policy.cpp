@@ -192,4 +192,21 @@ TEST(DtypePolicyCli, GenerateAndLogitsTakeEveryPolicyAndFinetuneRefusesBfloat16)
   EXPECT_NE(train.err.find("mixed_bfloat16"), std::string::npos) << train.err;
 }
 
+// MESHTUNE_BF16_MATMUL chooses the bf16 product (info --system says which), and a bad value is one
+// clear error wherever a bf16 product would run.
+TEST(DtypePolicyCli, Bf16MatmulVariableChoosesAndABadValueIsAnError) {
+  const CommandResult sgemm = run_meshtune("info --system", "MESHTUNE_BF16_MATMUL=sgemm");
+  ASSERT_EQ(sgemm.exit_code, 0) << sgemm.err;
+  EXPECT_NE(sgemm.out.find("bf16 matmuls (--dtype-policy mixed_bfloat16 / bfloat16: bf16 inputs, fp32 sums): sgemm"),
+            std::string::npos)
+      << sgemm.out;
+  for (const std::string& args : {std::string("info --system"),
+                                 "generate " + fixture(kPreset) + " --prompt hi --max-length 6 --dtype-policy "
+                                 "mixed_bfloat16"}) {
+    const CommandResult bad = run_meshtune(args, "MESHTUNE_BF16_MATMUL=amx");
+    EXPECT_EQ(bad.exit_code, 1) << args << "\n" << bad.err;
+    EXPECT_NE(bad.err.find("MESHTUNE_BF16_MATMUL=amx: expected onednn or sgemm"), std::string::npos) << bad.err;
+  }
+}
+
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "distribution/communicator.h"
+#include "kernels/linear.h"
 #include "model/variables.h"
 #include "store/lora_files.h"
 
@@ -25,6 +26,9 @@ LoadedModel load_model_and_tokenizer(const ModelOptions& options, bool need_toke
   // Keras' per-call cast gives, at half the memory.
   const bool bf16_policy = options.dtype_policy != "float32";
   load.bf16_matrices = bf16_policy && !options.trains_weights;
+  // Reads MESHTUNE_BF16_MATMUL now, so that a bad value is an error even where every product would
+  // take the few-row path that never asks.
+  if (bf16_policy) bf16_matmul_uses_dot_products();
   if (options.lora.empty()) {
     load.block_of = sharded.block_of;
     load.combine_row_max = sharded.combine_row_max;

@@ -4,12 +4,46 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/vector_ops.h"
+
 namespace meshtune {
+
+namespace {
+
+// One attention logit: q·k, soft-capped when the shape asks for it.
+float attention_score(const cpu::VectorOps& ops, const float* qv, const float* kj, int64_t H, float cap) {
+  const float dot = ops.dot(qv, kj, H);
+  return cap > 0 ? std::tanh(dot / cap) * cap : dot;
+}
+
+// ∂(capped logit)/∂(raw logit) = 1 − tanh², with tanh = capped/cap.
+float soft_cap_slope(float score, float cap) {
+  if (cap <= 0) return 1.f;
+  const float t = score / cap;
+  return 1.f - t * t;
+}
+
+// The logits of query qv against keys first..last of its batch row and KV head (−∞ for a padding
+// key) into scores[first..last]; returns their maximum (−∞ when no key is allowed).
+float query_scores(const cpu::VectorOps& ops, const float* qv, const float* k, const uint8_t* key_valid,
+                   const AttentionShape& s, int64_t b, int64_t kv, int64_t first, int64_t last, float* scores) {
+  const int64_t S = s.capacity, K = s.kv_heads, H = s.head_dim;
+  float max_score = -INFINITY;
+  for (int64_t j = first; j <= last; ++j) {
+    scores[j] = key_valid[b * S + j] ? attention_score(ops, qv, k + ((b * S + j) * K + kv) * H, H, s.soft_cap)
+                                     : -INFINITY;
+    max_score = std::max(max_score, scores[j]);
+  }
+  return max_score;
+}
+
+}  // namespace
 
 void attention(const float* q, const float* k, const float* v, const uint8_t* key_valid, const AttentionShape& s,
                float* out) {
   const int64_t B = s.batch, T = s.query_len, S = s.capacity, N = s.heads, K = s.kv_heads, H = s.head_dim;
   const int64_t group = N / K;
+  const cpu::VectorOps& ops = cpu::vector_ops();
 #pragma omp parallel
   {
     std::vector<float> scores(static_cast<size_t>(S));
@@ -22,62 +56,15 @@ void attention(const float* q, const float* k, const float* v, const uint8_t* ke
           float* o = out + ((b * T + t) * N + n) * H;
           const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
           const int64_t last = std::min(pos, S - 1);
-          float max_score = -INFINITY;
-          for (int64_t j = first; j <= last; ++j) {
-            if (!key_valid[b * S + j]) { scores[j] = -INFINITY; continue; }
-            const float* kj = k + ((b * S + j) * K + kv) * H;
-            float dot = 0;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t h = 0; h < H; ++h) dot += qv[h] * kj[h];
-            if (s.soft_cap > 0) dot = std::tanh(dot / s.soft_cap) * s.soft_cap;
-            scores[j] = dot;
-            max_score = std::max(max_score, dot);
-          }
           std::fill(o, o + H, 0.f);
+          const float max_score = query_scores(ops, qv, k, key_valid, s, b, kv, first, last, scores.data());
           if (max_score == -INFINITY) continue;  // no allowed key: the row stays zero
-          float sum = 0;
-          for (int64_t j = first; j <= last; ++j) {
-            float e = scores[j] == -INFINITY ? 0.f : std::exp(scores[j] - max_score);
-            scores[j] = e;
-            sum += e;
-          }
-          const float inv = 1.f / sum;
-          for (int64_t j = first; j <= last; ++j) {
-            if (scores[j] == 0.f) continue;
-            const float p = scores[j] * inv;
-            const float* vj = v + ((b * S + j) * K + kv) * H;
-#pragma omp simd
-            for (int64_t h = 0; h < H; ++h) o[h] += p * vj[h];
-          }
+          const float inv = 1.f / ops.exp_shifted(scores.data() + first, last - first + 1, max_score);
+          for (int64_t j = first; j <= last; ++j)
+            if (scores[j] != 0.f) ops.axpy(scores[j] * inv, v + ((b * S + j) * K + kv) * H, o, H);
         }
   }
 }
-
-namespace {
-
-// One attention logit: q·k, soft-capped when the shape asks for it (as in the forward).
-float attention_score(const float* qv, const float* kj, int64_t H, float cap) {
-  float dot = 0;
-#pragma omp simd reduction(+ : dot)
-  for (int64_t h = 0; h < H; ++h) dot += qv[h] * kj[h];
-  return cap > 0 ? std::tanh(dot / cap) * cap : dot;
-}
-
-// ∂(capped logit)/∂(raw logit) = 1 − tanh², with tanh = capped/cap.
-float soft_cap_slope(float score, float cap) {
-  if (cap <= 0) return 1.f;
-  const float t = score / cap;
-  return 1.f - t * t;
-}
-
-float dot(const float* a, const float* b, int64_t H) {
-  float acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t h = 0; h < H; ++h) acc += a[h] * b[h];
-  return acc;
-}
-
-}  // namespace
 
 // Two passes, FlashAttention-2 style, so that no two threads ever write the same gradient row:
 //  1. per query row (b, t, n): recompute the probabilities P, keep the row's softmax statistics
@@ -91,6 +78,7 @@ void attention_backward(const float* q, const float* k, const float* v, const ui
                         const AttentionShape& s, const float* dout, float* dq, float* dk, float* dv) {
   const int64_t B = s.batch, T = s.query_len, S = s.capacity, N = s.heads, K = s.kv_heads, H = s.head_dim;
   const int64_t group = N / K;
+  const cpu::VectorOps& ops = cpu::vector_ops();
   const size_t rows = static_cast<size_t>(B * T * N);
   // Per query row; row_inv_sum = 0 marks a row with no allowed key (all its probabilities are 0).
   std::vector<float> row_max(rows, 0.f), row_inv_sum(rows, 0.f), row_delta(rows, 0.f);
@@ -110,31 +98,20 @@ void attention_backward(const float* q, const float* k, const float* v, const ui
           std::fill(dqv, dqv + H, 0.f);
           const int64_t first = s.window > 0 ? std::max<int64_t>(0, pos - s.window + 1) : 0;
           const int64_t last = std::min(pos, S - 1);
-          float max_score = -INFINITY;
-          for (int64_t j = first; j <= last; ++j) {
-            if (!key_valid[b * S + j]) continue;
-            scores[j] = attention_score(qv, k + ((b * S + j) * K + kv) * H, H, s.soft_cap);
-            max_score = std::max(max_score, scores[j]);
-          }
+          const float max_score = query_scores(ops, qv, k, key_valid, s, b, kv, first, last, scores.data());
           if (max_score == -INFINITY) continue;  // no allowed key: zero output, zero gradient
-          float sum = 0;
-          for (int64_t j = first; j <= last; ++j) {
-            probs[j] = key_valid[b * S + j] ? std::exp(scores[j] - max_score) : 0.f;
-            sum += probs[j];
-          }
-          const float inv = 1.f / sum;
+          std::copy(scores.begin() + first, scores.begin() + last + 1, probs.begin() + first);
+          const float inv = 1.f / ops.exp_shifted(probs.data() + first, last - first + 1, max_score);
           float delta = 0;
           for (int64_t j = first; j <= last; ++j) {
             probs[j] *= inv;
-            dprobs[j] = probs[j] == 0.f ? 0.f : dot(dov, v + ((b * S + j) * K + kv) * H, H);
+            dprobs[j] = probs[j] == 0.f ? 0.f : ops.dot(dov, v + ((b * S + j) * K + kv) * H, H);
             delta += probs[j] * dprobs[j];
           }
           for (int64_t j = first; j <= last; ++j) {
             if (probs[j] == 0.f) continue;
             const float ds = probs[j] * (dprobs[j] - delta) * soft_cap_slope(scores[j], s.soft_cap);
-            const float* kj = k + ((b * S + j) * K + kv) * H;
-#pragma omp simd
-            for (int64_t h = 0; h < H; ++h) dqv[h] += ds * kj[h];
+            ops.axpy(ds, k + ((b * S + j) * K + kv) * H, dqv, H);
           }
           row_max[row] = max_score;
           row_inv_sum[row] = inv;
@@ -163,15 +140,12 @@ void attention_backward(const float* q, const float* k, const float* v, const ui
             if (row_inv_sum[row] == 0.f) continue;
             const float* qv = q + row * H;
             const float* dov = dout + row * H;
-            const float score = attention_score(qv, kj, H, s.soft_cap);
-            const float p = std::exp(score - row_max[row]) * row_inv_sum[row];
+            const float score = attention_score(ops, qv, kj, H, s.soft_cap);
+            const float p = ops.exp(score - row_max[row]) * row_inv_sum[row];
             if (p == 0.f) continue;
-            const float ds = p * (dot(dov, vj, H) - row_delta[row]) * soft_cap_slope(score, s.soft_cap);
-#pragma omp simd
-            for (int64_t h = 0; h < H; ++h) {
-              dkj[h] += ds * qv[h];
-              dvj[h] += p * dov[h];
-            }
+            const float ds = p * (ops.dot(dov, vj, H) - row_delta[row]) * soft_cap_slope(score, s.soft_cap);
+            ops.axpy(ds, qv, dkj, H);
+            ops.axpy(p, dov, dvj, H);
           }
       }
 }

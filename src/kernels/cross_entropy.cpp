@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/vector_ops.h"
+
 namespace meshtune {
 
 void softmax_row_max(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& rows) {
@@ -28,13 +30,12 @@ void softmax_combine_max(const float* gathered, int parts, int64_t n, SoftmaxRow
 void softmax_row_sums(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
                       const int64_t* rows, SoftmaxRows& stats) {
   stats.sum_exp_and_target.assign(size_t(2 * n), 0.0);
+  const cpu::VectorOps& ops = cpu::vector_ops();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* zi = z + i * cols;
     const int64_t y = targets[rows[i]] - v0;
-    double sum_exp = 0;
-    for (int64_t v = 0; v < cols; ++v) sum_exp += std::exp(double(zi[v] - stats.max[size_t(i)]));
-    stats.sum_exp_and_target[size_t(i)] = sum_exp;
+    stats.sum_exp_and_target[size_t(i)] = ops.sum_exp_shifted(zi, cols, stats.max[size_t(i)]);
     stats.sum_exp_and_target[size_t(n + i)] = y >= 0 && y < cols ? double(zi[y]) : 0.0;
   }
 }
@@ -54,18 +55,18 @@ void softmax_cross_entropy_sums(const SoftmaxRows& stats, const int32_t* targets
 void softmax_cross_entropy_backward(float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
                                     const float* weights, const int64_t* rows, double loss_scale,
                                     const SoftmaxRows& stats, float cap) {
+  const cpu::VectorOps& ops = cpu::vector_ops();
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float* zi = z + i * cols;
     const int64_t y = targets[rows[i]] - v0;
     const float factor = float(loss_scale * weights[rows[i]]);
-    const float inv_sum = float(1.0 / stats.sum_exp_and_target[size_t(i)]), max_z = stats.max[size_t(i)];
-    for (int64_t v = 0; v < cols; ++v) {
-      float dz = std::exp(zi[v] - max_z) * inv_sum * factor;
-      if (v == y) dz -= factor;
-      if (cap > 0) dz *= 1.f - (zi[v] / cap) * (zi[v] / cap);
-      zi[v] = dz;
-    }
+    const float inv_sum = float(1.0 / stats.sum_exp_and_target[size_t(i)]);
+    // dz = (softmax − onehot(y))·factor, times the soft-cap slope 1 − (z/cap)² of the capped logit z.
+    const bool has_target = y >= 0 && y < cols;
+    const float z_target = has_target ? zi[y] : 0.f;
+    ops.softmax_gradient(zi, cols, stats.max[size_t(i)], inv_sum * factor, cap);
+    if (has_target) zi[y] -= cap > 0 ? factor * (1.f - (z_target / cap) * (z_target / cap)) : factor;
   }
 }
 

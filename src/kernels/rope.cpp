@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/vector_ops.h"
+
 namespace meshtune {
 
 namespace {
@@ -11,6 +13,7 @@ namespace {
 // computation, so the backward is exactly the transpose of the forward's rotation.
 void rotate(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions, float base,
             float scaling, bool inverse) {
+  const cpu::VectorOps& ops = cpu::vector_ops();
   const int64_t half = head_dim / 2;
   // Keras computes the inverse frequencies and angles in fp32.
   std::vector<float> inv_freq(half);
@@ -24,14 +27,7 @@ void rotate(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int
       cos_t[i] = std::cos(angle);
       sin_t[i] = inverse ? -std::sin(angle) : std::sin(angle);  // sin(−θ) = −sin θ, exactly
     }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (t * heads + h) * head_dim;
-      for (int64_t i = 0; i < half; ++i) {
-        float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * cos_t[i] - x2 * sin_t[i];
-        v[i + half] = x2 * cos_t[i] + x1 * sin_t[i];
-      }
-    }
+    for (int64_t h = 0; h < heads; ++h) ops.rotate_halves(x + (t * heads + h) * head_dim, cos_t.data(), sin_t.data(), half);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/adamw.h"
 
 namespace meshtune {
 namespace {
@@ -112,23 +113,18 @@ void AdamW::step(const std::vector<Parameter>& params, double lr_value) {
   const float one_minus_beta_2 = float(1.0 - options_.beta_2);
   const float epsilon = float(options_.epsilon);
 
+  // 2. Decay the pre-update value: θ − (θ·wd)·lr; 3.–4. moments, then the step with ε added to the
+  // uncorrected √v (kernels/adamw.h).
   for (size_t k = 0; k < params.size(); ++k) {
     const Parameter& p = params[k];
-    float* theta = p.value;
-    const float* g = p.grad;
-    float* m = momentums[k].data();
-    float* v = velocities[k].data();
-
-    // 2. Decay the pre-update value: θ − (θ·wd)·lr.
-    if (decays(p)) {
-      for (size_t i = 0; i < p.size; ++i) theta[i] = theta[i] - (theta[i] * wd) * lr;
-    }
-    // 3.–4. Moments, then the step with ε added to the uncorrected √v.
-    for (size_t i = 0; i < p.size; ++i) {
-      m[i] = m[i] + (g[i] - m[i]) * one_minus_beta_1;
-      v[i] = v[i] + (g[i] * g[i] - v[i]) * one_minus_beta_2;
-      theta[i] = theta[i] - (m[i] * alpha) / (std::sqrt(v[i]) + epsilon);
-    }
+    const AdamWStep step{.decay = decays(p),
+                         .weight_decay = wd,
+                         .learning_rate = lr,
+                         .one_minus_beta_1 = one_minus_beta_1,
+                         .one_minus_beta_2 = one_minus_beta_2,
+                         .alpha = alpha,
+                         .epsilon = epsilon};
+    adamw_update(p.value, p.grad, momentums[k].data(), velocities[k].data(), int64_t(p.size), step);
   }
   ++iterations;
 }

@@ -184,7 +184,7 @@ std::vector<std::string> kernel_report() {
                           ? "oneDNN " + std::string(cpu::onednn_version()) + " bf16 matmul for more than 4 rows"
                           : "sgemm on the widened bf16 values (bf16 is a storage format here: no AMX-BF16, or no "
                             "oneDNN; MESHTUNE_BF16_MATMUL=onednn forces oneDNN where AVX512_BF16 exists)"),
-      "elementwise kernels (norms, RoPE, attention, GeGLU, loss): compiled for the build's baseline",
+      "elementwise kernels (norms, RoPE, attention, GeGLU, loss, AdamW): " + vector_path,
       std::string("BLAS: OpenBLAS ") + openblas_get_config() + ", core " + openblas_get_corename() + ", threading " +
           (parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential") + ", " +
           std::to_string(openblas_get_num_threads()) + " threads",

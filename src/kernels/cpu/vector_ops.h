@@ -1,0 +1,46 @@
+// The vector loops of the elementwise kernels (norms, RoPE, attention, GeGLU, the loss, AdamW), one
+// set per instruction set: vector_ops_body.h compiled three times, for the baseline
+// (vector_ops_generic.cpp), AVX2 + FMA and AVX-512. The kernels in kernels/ keep the threading and
+// the scratch memory and call these on single rows; vector_ops() picks the set for cpu_path().
+#pragma once
+#include <cstdint>
+
+#include "kernels/adamw.h"
+
+namespace meshtune::cpu {
+
+struct VectorOps {
+  // Σ a·b over n, in 32 independent partial sums (the same order on every path).
+  float (*dot)(const float* a, const float* b, int64_t n);
+  // y += alpha·x.
+  void (*axpy)(float alpha, const float* x, float* y, int64_t n);
+  // One row of Gemma RMSNorm: y = x·rsqrt(mean(x²) + eps)·(1 + scale) (y may alias x).
+  void (*rmsnorm_row)(const float* x, const float* scale, int64_t n, float eps, float* y);
+  // Its backward: writes dx (may alias dy) and adds ∂L/∂scale into dscale unless it is null.
+  void (*rmsnorm_backward_row)(const float* x, const float* scale, int64_t n, float eps, const float* dy,
+                               float* dx, float* dscale);
+  // gate = gelu_tanh(gate)·up, and its backward (outputs may alias inputs).
+  void (*geglu)(float* gate, const float* up, int64_t n);
+  void (*geglu_backward)(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
+                         float* dup);
+  // RoPE on one head, v = [x1 | x2] of 2·half: x1·cos − x2·sin, x2·cos + x1·sin.
+  void (*rotate_halves)(float* v, const float* cos, const float* sin, int64_t half);
+  // e^x as exp_shifted computes it (within ~2 ulp; 0 below −87).
+  float (*exp)(float x);
+  // x = e^(x − shift) in place (0 for −∞), returning Σ x.
+  float (*exp_shifted)(float* x, int64_t n, float shift);
+  // Σ e^(x − shift), summed in double (x is not written).
+  double (*sum_exp_shifted)(const float* x, int64_t n, float shift);
+  // The softmax part of the cross-entropy gradient of one row of logits:
+  // z = e^(z − shift)·scale, times 1 − (z/cap)² (of the incoming z) when cap > 0.
+  void (*softmax_gradient)(float* z, int64_t n, float shift, float scale, float cap);
+  // kernels/adamw.h on n elements.
+  void (*adamw)(float* theta, const float* grad, float* m, float* v, int64_t n, const AdamWStep& step);
+};
+
+const VectorOps& vector_ops_generic();
+const VectorOps& vector_ops_avx2();
+const VectorOps& vector_ops_avx512();
+const VectorOps& vector_ops();  // the set for cpu_path()
+
+}  // namespace meshtune::cpu
