@@ -140,13 +140,14 @@ nlohmann::ordered_json breakdown(const GemmaModel& base, const LoraWeights& lora
   ModelGradients grads;  // no weight gradients: only the adapters' grad_a / grad_b
   grads.layers.assign(size_t(c.num_layers), LayerGradients{});
   std::vector<double> forward_s, fb_s, lm_head_s;
+  TrainingWorkspace ws;  // reused, as Trainer::train_step reuses its own
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 is an untimed warm-up
     if (rep == 1) forward_s.clear(), fb_s.clear(), lm_head_s.clear();
     auto t0 = Clock::now();
     forward_backward(model, tb, 1.0 / double(M), nullptr);  // forward + loss, no backward
     forward_s.push_back(seconds_since(t0));
     t0 = Clock::now();
-    forward_backward(model, tb, 1.0 / double(M), &grads);
+    forward_backward(model, tb, 1.0 / double(M), &grads, &ws);
     fb_s.push_back(seconds_since(t0));
     // The LM head alone: one [M, D]·[D, V] product (forward_backward forms it in row chunks).
     std::vector<float> h(size_t(M * D), 0.01f), logits(size_t(M * c.vocab_size));
@@ -159,6 +160,7 @@ nlohmann::ordered_json breakdown(const GemmaModel& base, const LoraWeights& lora
   j["forward_backward_ms"] = 1e3 * median(fb_s);
   j["backward_ms"] = 1e3 * (median(fb_s) - median(forward_s));
   j["lm_head_forward_ms"] = 1e3 * median(lm_head_s);
+  j["saved_activations_mib"] = double(ws.blocks.bytes()) / double(1 << 20);  // what backward keeps of the blocks
   return j;
 }
 

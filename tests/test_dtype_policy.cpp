@@ -149,6 +149,33 @@ TEST(MixedBfloat16, LoraGradientsHaveCosineAtLeast0999ToFp32) {
   std::printf("    least cosine over %zu adapters' A and B: %.6f\n", loras[0].adapters.size(), least);
 }
 
+// Training under mixed_bfloat16 keeps the blocks' activations in bf16: what backward reads is the
+// fp32 forward's values rounded to bf16 (block 0's input, the scaled embedding, is the same under
+// both policies, so the rounding is all that differs), and a float32 step keeps them exactly.
+TEST(MixedBfloat16, TrainingKeepsBlockActivationsInBf16) {
+  const NextTokenBatch next = fixture_next_token_batch();
+  std::vector<std::vector<float>> inputs;
+  for (const bool bf16 : {false, true}) {
+    GemmaModel model = load_with_policy(bf16);
+    LoraWeights lora = enable_lora(model.config, 4, parse_lora_targets({"all"}), 3);
+    attach_lora(model, lora, model.config);
+    ModelGradients none;
+    none.layers.assign(size_t(model.config.num_layers), LayerGradients{});
+    TrainingWorkspace ws;
+    forward_backward(model, next.view(), 1.0, &none, &ws);
+    EXPECT_EQ(ws.blocks.bf16(), bf16);
+    const FloatBuffer& input = ws.blocks.backward_set(0).input;
+    ASSERT_EQ(input.size(), size_t(next.batch * next.length * model.config.hidden_dim));
+    inputs.emplace_back(input.data(), input.data() + input.size());
+  }
+  size_t rounded = 0;
+  for (size_t i = 0; i < inputs[0].size(); ++i) {
+    ASSERT_EQ(inputs[1][i], round_to_bf16(inputs[0][i])) << i;
+    rounded += inputs[1][i] != inputs[0][i];
+  }
+  EXPECT_GT(rounded, inputs[0].size() / 2);  // the float32 step keeps its values unrounded
+}
+
 std::vector<double> finetune_losses(const std::string& policy, const std::string& dir, const std::string& extra = "") {
   const CommandResult r = run_meshtune("finetune " + fixture(kPreset) + " --lora-rank 4 --data sample --seq-len 16"
                                        " --batch-size 2 --steps 20 --lr 1e-3 --no-shuffle --no-progress --out " + dir +

@@ -10,10 +10,12 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "core/tensor.h"
 #include "cpu_path_test.h"
 #include "kernels/cpu/vector_ops.h"
 #include "test_util.h"
@@ -173,6 +175,16 @@ TEST_P(VectorOps, SoftmaxGradient) {
       }
     }
   }
+}
+
+TEST_P(VectorOps, NarrowToBf16EqualsTheScalarRoundingBitForBit) {
+  std::vector<float> x = random_vector(2048 + 7, 17, 100.f);
+  for (uint32_t bits : {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffffffffu,
+                        0x00000001u, 0x007fffffu, 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu})
+    x.push_back(std::bit_cast<float>(bits));  // zeros, infinities, NaNs, denormals, ties, the largest finite
+  std::vector<uint16_t> got(x.size());
+  ops().narrow_bf16(x.data(), int64_t(x.size()), got.data());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(got[i], f32_to_bf16(x[i])) << i << " " << x[i];
 }
 
 TEST_P(VectorOps, AdamWMatchesThePlainLoopBitForBit) {

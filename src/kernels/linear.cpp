@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "kernels/cpu/features.h"
 #include "kernels/cpu/gemv.h"
+#include "kernels/cpu/vector_ops.h"
+#include "kernels/cpu/vector_ops.h"
 #include "kernels/cpu/onednn.h"
 #include "kernels/int8.h"
 
@@ -84,9 +86,20 @@ void widen_bf16(const uint16_t* src, int64_t n, float* dst) {
   }
 }
 
+// Whole arrays are converted in chunks spread over the threads.
+static constexpr int64_t kConvertChunk = int64_t(1) << 16;
+
 void narrow_to_bf16(const float* src, int64_t n, uint16_t* dst) {
-#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
-  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  const cpu::VectorOps& ops = cpu::vector_ops();
+#pragma omp parallel for schedule(static) if (n > 2 * kConvertChunk)
+  for (int64_t begin = 0; begin < n; begin += kConvertChunk)
+    ops.narrow_bf16(src + begin, std::min(kConvertChunk, n - begin), dst + begin);
+}
+
+void widen_bf16_parallel(const uint16_t* src, int64_t n, float* dst) {
+#pragma omp parallel for schedule(static) if (n > 2 * kConvertChunk)
+  for (int64_t begin = 0; begin < n; begin += kConvertChunk)
+    widen_bf16(src + begin, std::min(kConvertChunk, n - begin), dst + begin);
 }
 
 // W as bf16: itself unless it is fp32, else a view of its values rounded into `values` (which

@@ -79,8 +79,10 @@ void linear_backward_input(const float* dy, int64_t M, const WeightMatrix& W, fl
 void linear_backward_weight(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols, float* dW);
 
 
-// bf16 → fp32 for n values, on the CPU path in use; fp32 → bf16 (nearest even, NaN kept).
+// bf16 → fp32 for n values, on the CPU path in use (on the calling thread; widen_bf16_parallel
+// spreads a large array over the threads); fp32 → bf16 (nearest even, NaN kept, over the threads).
 void widen_bf16(const uint16_t* src, int64_t n, float* dst);
+void widen_bf16_parallel(const uint16_t* src, int64_t n, float* dst);
 void narrow_to_bf16(const float* src, int64_t n, uint16_t* dst);
 // W stored as bf16 (W itself when it is bf16 or int8 already).
 WeightMatrix to_bf16_matrix(const WeightMatrix& W);

@@ -134,7 +134,10 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
 
   KVCache cache(c, B, T);
   std::copy(batch.padding_mask, batch.padding_mask + M, cache.key_valid.begin());
-  std::vector<BlockActivations>& saved = ws.blocks;
+  // Under mixed_bfloat16 the blocks' activations are kept in bf16 (half the memory), as Keras keeps
+  // them in its compute dtype.
+  SavedBlocks& saved = ws.blocks;
+  if (grads) saved.start(c.num_layers, model.matmul_precision == MatmulPrecision::BF16);
   std::vector<float> hidden = backbone_forward(model, batch.token_ids, B, T, 0, cache, nullptr, grads ? &saved : nullptr,
                                                grads ? &ws.final_norm_input : nullptr);
 
@@ -189,7 +192,7 @@ LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, doub
   rmsnorm_backward(final_input.data(), model.final_norm.data(), M, D, c.layer_norm_epsilon, dx.data(), dx.data(),
                    grads->final_norm);
   for (int layer = c.num_layers - 1; layer >= 0; --layer)
-    decoder_block_backward(model, model.layer_weights(layer), layer, saved[size_t(layer)], B, T, batch.padding_mask,
+    decoder_block_backward(model, model.layer_weights(layer), layer, saved.backward_set(layer), B, T, batch.padding_mask,
                            grads->layers[size_t(layer)], dx, ws);
   if (grads->embeddings)  // x = Emb[ids]·√D
     embedding_lookup_backward(dx.data(), batch.token_ids, M, D, model.vocab_offset, model.embeddings.rows,

@@ -1,5 +1,6 @@
 #include "model/gemma.h"
 
+#include <array>
 #include <cmath>
 
 #include "core/error.h"
@@ -194,9 +195,63 @@ static void decoder_block(const GemmaModel& model, const DecoderLayerWeights& w,
   add_into(x, residual.data(), M * D);
 }
 
+// The buffers of a block's activations (const or not), in a fixed order (for SavedBlocks' bf16 copies).
+template <class Activations>
+static auto activation_buffers(Activations& a) {
+  const std::array buffers{&a.input, &a.attn_normed, &a.q_raw, &a.k_raw, &a.q, &a.k, &a.v, &a.attended,
+                           &a.attn_projected, &a.mid, &a.ffw_normed, &a.gate, &a.up, &a.ffw_projected};
+  static_assert(buffers.size() == SavedBlocks::kBuffers);
+  return buffers;
+}
+
+void SavedBlocks::start(int layers, bool bf16) {
+  bf16_ = bf16;
+  fp32_.resize(bf16 ? 1 : size_t(layers));
+  packed_.resize(bf16 ? size_t(layers) : 0);
+  sizes_.resize(bf16 ? size_t(layers) : 0);
+}
+
+size_t SavedBlocks::bytes() const {
+  size_t total = 0;
+  for (const BlockActivations& set : fp32_)
+    for (const FloatBuffer* b : activation_buffers(set)) total += b->size() * sizeof(float);
+  for (const Bf16Buffer& packed : packed_) total += packed.size() * sizeof(uint16_t);
+  return total;
+}
+
+BlockActivations& SavedBlocks::forward_set(int layer) { return fp32_[bf16_ ? 0 : size_t(layer)]; }
+
+void SavedBlocks::keep(int layer) {
+  if (!bf16_) return;
+  const auto buffers = activation_buffers(fp32_[0]);
+  size_t total = 0;
+  for (size_t i = 0; i < kBuffers; ++i) total += sizes_[size_t(layer)][i] = buffers[i]->size();
+  Bf16Buffer& packed = packed_[size_t(layer)];
+  packed.resize(total);
+  uint16_t* out = packed.data();
+  for (const FloatBuffer* b : buffers) {
+    narrow_to_bf16(b->data(), int64_t(b->size()), out);
+    out += b->size();
+  }
+}
+
+const BlockActivations& SavedBlocks::backward_set(int layer) {
+  BlockActivations& a = fp32_[bf16_ ? 0 : size_t(layer)];
+  if (!bf16_) return a;
+  const auto buffers = activation_buffers(a);
+  const uint16_t* in = packed_[size_t(layer)].data();
+  for (size_t i = 0; i < kBuffers; ++i) {
+    const size_t n = sizes_[size_t(layer)][i];
+    buffers[i]->resize(n);
+    widen_bf16_parallel(in, int64_t(n), buffers[i]->data());
+    in += n;
+  }
+  return a;
+}
+
 std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
                                     int64_t start, KVCache& cache, ForwardTrace* trace,
-                                    std::vector<BlockActivations>* saved, FloatBuffer* final_norm_input) {
+                                    SavedBlocks* saved, FloatBuffer* final_norm_input) {
   const GemmaConfig& c = model.config;
   const int64_t D = c.hidden_dim, M = B * T;
   check(B <= cache.batch && start + T <= cache.capacity, "KV cache too small: ", B, " rows × ", start + T,
@@ -213,12 +268,12 @@ std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* toke
   scale_in_place(x.data(), M * D, embedding_scale);
   if (trace) copy_out(trace->embedding_scaled);
 
-  if (saved) saved->resize(static_cast<size_t>(c.num_layers));  // reuses the buffers of a previous step
   BlockActivations unsaved;
   BlockScratch scratch;
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    BlockActivations& a = saved ? (*saved)[size_t(layer)] : unsaved;
+    BlockActivations& a = saved ? saved->forward_set(layer) : unsaved;
     decoder_block(model, model.layer_weights(layer), layer, x.data(), B, T, start, cache, a, scratch);
+    if (saved) saved->keep(layer);
     if (trace) copy_out(trace->block_outputs.emplace_back());
   }
   if (final_norm_input) {

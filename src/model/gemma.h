@@ -125,14 +125,42 @@ struct BlockScratch {
   FloatBuffer residual;   // a branch's output after its post-norm [M, D]
 };
 
+// What training keeps of every block for the backward pass. In fp32, one BlockActivations per
+// layer; in bf16 (the mixed_bfloat16 policy, as Keras keeps activations in its bf16 compute dtype)
+// each block's activations are rounded to bf16 once its forward is done — half the memory — and
+// widened back into one fp32 working set for its backward.
+class SavedBlocks {
+ public:
+  // Before a forward pass of `layers` blocks; reuses the buffers of a previous step.
+  void start(int layers, bool bf16);
+  bool bf16() const { return bf16_; }
+  // Where block `layer`'s forward writes, then keep(layer) once it is done.
+  BlockActivations& forward_set(int layer);
+  void keep(int layer);
+  // Block `layer`'s activations for its backward (bf16: widened into the working set, which the
+  // next call overwrites).
+  const BlockActivations& backward_set(int layer);
+
+  // Bytes held: every layer's activations (bf16: their bf16 copies and the fp32 working set).
+  size_t bytes() const;
+
+  static constexpr size_t kBuffers = 14;  // the FloatBuffers of a BlockActivations
+
+ private:
+  bool bf16_ = false;
+  std::vector<BlockActivations> fp32_;                // one per layer; with bf16, the one working set
+  std::vector<Bf16Buffer> packed_;                    // bf16: each layer's buffers, one after the other
+  std::vector<std::array<size_t, kBuffers>> sizes_;   // bf16: each layer's buffer sizes
+};
+
 // Runs the backbone on tokens [B, T] placed at positions start .. start+T−1 of every row, writing
 // their keys/values into `cache` (whose key_valid the caller sets). Returns the hidden states after
 // the final norm, [B·T, D]. Throws Error for a token id outside the vocabulary.
-// With `saved`, every block's activations are kept for backward (one entry per layer), and
+// With `saved` (started by the caller), every block's activations are kept for backward, and
 // `final_norm_input` (if given) receives the residual stream entering the final norm [B·T, D].
 std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
                                     int64_t start, KVCache& cache, ForwardTrace* trace = nullptr,
-                                    std::vector<BlockActivations>* saved = nullptr,
+                                    SavedBlocks* saved = nullptr,
                                     FloatBuffer* final_norm_input = nullptr);
 
 // logits[M, V] = soft_cap(hidden[M, D] · Embᵀ) (all-gathered over the vocabulary when it is split).

@@ -34,6 +34,8 @@ struct VectorOps {
   // The softmax part of the cross-entropy gradient of one row of logits:
   // z = e^(z − shift)·scale, times 1 − (z/cap)² (of the incoming z) when cap > 0.
   void (*softmax_gradient)(float* z, int64_t n, float shift, float scale, float cap);
+  // dst = src rounded to bf16 (to nearest even; NaN stays NaN), as core/tensor.h f32_to_bf16.
+  void (*narrow_bf16)(const float* src, int64_t n, uint16_t* dst);
   // kernels/adamw.h on n elements.
   void (*adamw)(float* theta, const float* grad, float* m, float* v, int64_t n, const AdamWStep& step);
 };

@@ -161,6 +161,14 @@ void softmax_gradient(float* z, int64_t n, float shift, float scale, float cap) 
   }
 }
 
+void narrow_bf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = __builtin_bit_cast(uint32_t, src[i]);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    dst[i] = uint16_t((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);  // NaN stays NaN
+  }
+}
+
 void adamw(float* theta, const float* g, float* m, float* v, int64_t n, const AdamWStep& s) {
   if (s.decay)
     for (int64_t i = 0; i < n; ++i) theta[i] = theta[i] - (theta[i] * s.weight_decay) * s.learning_rate;
@@ -183,6 +191,7 @@ const VectorOps kOps = {
     .exp_shifted = exp_shifted,
     .sum_exp_shifted = sum_exp_shifted,
     .softmax_gradient = softmax_gradient,
+    .narrow_bf16 = narrow_bf16,
     .adamw = adamw,
 };
 
