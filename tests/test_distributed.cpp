@@ -135,7 +135,7 @@ TEST(DistributedChat, ConversationsOnAMeshEqualOneDevice) {
   };
   const std::vector<double> one = losses("", "", root + "/one");
   ASSERT_EQ(one.size(), 3u);
-  for (const std::string mesh : {std::string(""), std::string("--mesh 1x2 --layout auto")}) {
+  for (const std::string& mesh : {std::string(""), std::string("--mesh 1x2 --layout auto")}) {
     const std::vector<double> two = losses(kMpirun + "2 ", mesh, root + "/two" + std::to_string(mesh.size()));
     ASSERT_EQ(two.size(), one.size()) << mesh;
     for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * std::fabs(one[i])) << mesh << " step " << i + 1;
@@ -163,7 +163,7 @@ void expect_meshes_follow_one_process(const std::string& model, const std::strin
                                       const std::string& root) {
   const RunResult one = run_job(model, false, args, 1, root + "/one");
   ASSERT_EQ(one.losses.size(), 5u);
-  for (const std::string mesh : {std::string(""), std::string("--mesh 1x2 --layout auto")}) {
+  for (const std::string& mesh : {std::string(""), std::string("--mesh 1x2 --layout auto")}) {
     const RunResult many = run_job(model, false, args + " " + mesh, 2, root + "/two" + std::to_string(mesh.size()));
     ASSERT_EQ(many.losses.size(), one.losses.size()) << mesh;
     EXPECT_NEAR(many.losses[0], one.losses[0], 1e-6 * one.losses[0]) << mesh;
@@ -216,7 +216,7 @@ TEST_P(Distributed, EveryMeshAndLayoutEqualsOneDevice) {
   int i = 0;
   for (const std::string mesh : {"1x2", "2x1", "1x4", "2x2"}) {
     const int processes = (mesh[0] - '0') * (mesh[2] - '0');
-    for (const std::string layout : {"--layout " + layout_file, std::string("--layout auto"), std::string("")}) {
+    for (const std::string& layout : {"--layout " + layout_file, std::string("--layout auto"), std::string("")}) {
       const std::string args = "--mesh " + mesh + " " + layout;
       const bool reordered = mesh[0] != '1' || (mesh[2] != '1' && !layout.empty());
       expect_same(one, run_job(model, full, args, processes, root + "/run" + std::to_string(i++)), args,
