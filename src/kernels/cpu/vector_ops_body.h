@@ -45,11 +45,11 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = MULADD(alpha, x[i], y[i]);
 }
 
-// e^x within ~2 ulp for x in [−87, 88], 0 below −87 (e^−87 ≈ 1.6e−38) and e^88 above 88:
+// e^x within ~2 ulp for x in [−87, 88], 0 below −87 (e^−87 ≈ 1.6e−38), e^88 above 88, NaN for NaN:
 // x = k·ln 2 + r with |r| ≤ ln2/2, e^r by its Taylor series to r⁷/7!, 2ᵏ through the exponent bits.
 // No calls and no branches, so loops over it vectorise (std::exp stays scalar).
 inline float exp_approx(float x) {
-  const float c = x < -87.f ? -87.f : (x > 88.f ? 88.f : x);
+  const float c = x > -87.f ? (x < 88.f ? x : 88.f) : -87.f;  // NaN → −87: the conversion below stays defined
   // k = round(c / ln 2); truncating a positive value is floor, and truncation vectorises.
   const int32_t k = int32_t(c * 1.44269504088896341f + 256.5f) - 256;
   const float kf = float(k);
@@ -63,7 +63,7 @@ inline float exp_approx(float x) {
   p = MULADD(p, r, 1.f);
   p = MULADD(p, r, 1.f);
   const float e = p * __builtin_bit_cast(float, (k + 127) << 23);
-  return x < -87.f ? 0.f : e;
+  return x != x ? x : (x < -87.f ? 0.f : e);  // NaN stays NaN
 }
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
