@@ -22,6 +22,19 @@ class CpuPathTest : public ::testing::TestWithParam<CpuPath> {
   CpuPath saved_ = CpuPath::Generic;
 };
 
+// Switches the kernels to `path` for a scope, for tests parameterised on more than the path
+// (check cpu_supports(path) first and skip).
+class ScopedCpuPath {
+ public:
+  explicit ScopedCpuPath(CpuPath path) : saved_(cpu_path()) { set_cpu_path(path); }
+  ~ScopedCpuPath() { set_cpu_path(saved_); }
+  ScopedCpuPath(const ScopedCpuPath&) = delete;
+  ScopedCpuPath& operator=(const ScopedCpuPath&) = delete;
+
+ private:
+  CpuPath saved_;
+};
+
 // INSTANTIATE_TEST_SUITE_P(CpuPaths, Suite, kEveryCpuPath, cpu_path_test_name);
 inline const auto kEveryCpuPath =
     ::testing::Values(CpuPath::Generic, CpuPath::Avx2, CpuPath::Avx512, CpuPath::Avx512Bf16);

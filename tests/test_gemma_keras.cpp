@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cpu_path_test.h"
 #include "io/npy.h"
 #include "generate/generate.h"
 #include "store/load.h"
@@ -22,8 +23,13 @@ struct KerasCase {
 
 class KerasFixture : public ::testing::TestWithParam<KerasCase> {};
 
-TEST_P(KerasFixture, EveryRecordedArrayWithin1e4) {
-  const KerasCase& c = GetParam();
+// The forward on every CPU path this machine has (each path's kernels against Keras' numbers).
+class KerasFixtureOnEveryPath : public ::testing::TestWithParam<std::tuple<KerasCase, CpuPath>> {};
+
+TEST_P(KerasFixtureOnEveryPath, EveryRecordedArrayWithin1e4) {
+  const auto& [c, path] = GetParam();
+  if (!cpu_supports(path)) GTEST_SKIP() << "this CPU has no " << cpu_path_name(path) << " path";
+  ScopedCpuPath scoped(path);
   const std::string out = fixture(c.outputs) + "/";
   GemmaModel model = load_model(inspect_model_dir(fixture(c.preset)));
   HostTensor ids_t = read_npy(out + "token_ids.npy");
@@ -90,17 +96,27 @@ TEST_P(KerasFixture, StringGenerationEqualsKeras) {
     // The preprocessed prompt ids are the start of our ids.
     auto pre = g["generate_preprocess_token_ids"][i].get<std::vector<int>>();
     auto pre_mask = g["generate_preprocess_padding_mask"][i].get<std::vector<int>>();
-    for (size_t j = 0; j < pre.size(); ++j)
-      if (pre_mask[j]) EXPECT_EQ(results[i].token_ids[j], pre[j]);
+    for (size_t j = 0; j < pre.size(); ++j) {
+      if (pre_mask[j]) {
+        EXPECT_EQ(results[i].token_ids[j], pre[j]);
+      }
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Keras, KerasFixture,
-                         ::testing::Values(KerasCase{"keras/preset-gemma-tiny", "keras/outputs-gemma-tiny",
-                                                     "keras/summary-gemma-tiny.json"},
-                                           KerasCase{"keras/preset-gemma2-tiny", "keras/outputs-gemma2-tiny",
-                                                     "keras/summary-gemma2-tiny.json"}),
-                         [](const auto& info) { return info.index == 0 ? std::string("Gemma1") : std::string("Gemma2"); });
+const auto kKerasCases = ::testing::Values(
+    KerasCase{"keras/preset-gemma-tiny", "keras/outputs-gemma-tiny", "keras/summary-gemma-tiny.json"},
+    KerasCase{"keras/preset-gemma2-tiny", "keras/outputs-gemma2-tiny", "keras/summary-gemma2-tiny.json"});
+std::string family_name(const KerasCase& c) {
+  return c.preset == "keras/preset-gemma-tiny" ? "Gemma1" : "Gemma2";
+}
+
+INSTANTIATE_TEST_SUITE_P(Keras, KerasFixture, kKerasCases,
+                         [](const auto& info) { return family_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Keras, KerasFixtureOnEveryPath, ::testing::Combine(kKerasCases, kEveryCpuPath),
+                         [](const auto& info) {
+                           return family_name(std::get<0>(info.param)) + "_" + cpu_path_name(std::get<1>(info.param));
+                         });
 
 TEST(KerasSummary, VariablePathsShapesAndCountMatch) {
   for (std::string name : {"gemma-tiny", "gemma2-tiny"}) {

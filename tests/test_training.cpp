@@ -15,6 +15,7 @@
 #include "store/load.h"
 #include "model/lora.h"
 #include "npz_reader.h"
+#include "cpu_path_test.h"
 #include "test_util.h"
 #include "text/preprocessor.h"
 #include "train/trainer.h"
@@ -79,11 +80,15 @@ std::string adapter_key(const GemmaConfig& c, const LoraAdapter& a) {
   return "model.layers." + std::to_string(a.layer) + ".self_attn." + (a.slot == Slot::Query ? "q_proj" : "v_proj");
 }
 
-class TorchLoraFixture : public ::testing::TestWithParam<std::string> {};
+// On every CPU path this machine has: each path's forward, backward and AdamW against PyTorch.
+class TorchLoraFixture : public ::testing::TestWithParam<std::tuple<std::string, CpuPath>> {};
 
 TEST_P(TorchLoraFixture, LossGradientsAndAdamStepsMatchPyTorch) {
-  const auto npz = read_npz(fixture("torch/loragrad_tiny-gemma_" + GetParam() + ".npz"));
-  const LoraStyle style = GetParam() == "keras" ? LoraStyle::Keras : LoraStyle::Peft;
+  const auto& [style_name, path] = GetParam();
+  if (!cpu_supports(path)) GTEST_SKIP() << "this CPU has no " << cpu_path_name(path) << " path";
+  ScopedCpuPath scoped(path);
+  const auto npz = read_npz(fixture("torch/loragrad_tiny-gemma_" + style_name + ".npz"));
+  const LoraStyle style = style_name == "keras" ? LoraStyle::Keras : LoraStyle::Peft;
   GemmaModel base = load_model(inspect_model_dir(fixture("hf/tiny-gemma/checkpoint")));
   const GemmaConfig& c = base.config;
   Batch batch = fixture_batch(npz);
@@ -137,7 +142,10 @@ TEST_P(TorchLoraFixture, LossGradientsAndAdamStepsMatchPyTorch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Torch, TorchLoraFixture, ::testing::Values("keras", "peft"));
+INSTANTIATE_TEST_SUITE_P(Torch, TorchLoraFixture, ::testing::Combine(::testing::Values("keras", "peft"), kEveryCpuPath),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + cpu_path_name(std::get<1>(info.param));
+                         });
 
 // Finite differences of the loss through the whole model (fp32 forward, central differences on
 // the largest gradients) for every family: soft-caps, sliding windows, q/k norms, GQA, the tied
