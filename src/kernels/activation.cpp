@@ -6,17 +6,11 @@
 
 namespace meshtune {
 
-namespace {
-
-// Elements per call of a vector loop: threads take whole chunks.
-constexpr int64_t kChunk = 1 << 14;
-
-}  // namespace
-
 void geglu(float* gate, const float* up, int64_t n) {
   const cpu::VectorOps& ops = cpu::vector_ops();
-#pragma omp parallel for schedule(static) if (n > 4 * kChunk)
-  for (int64_t begin = 0; begin < n; begin += kChunk) ops.geglu(gate + begin, up + begin, std::min(kChunk, n - begin));
+#pragma omp parallel for schedule(static) if (n > 4 * cpu::kElementsPerCall)
+  for (int64_t begin = 0; begin < n; begin += cpu::kElementsPerCall)
+    ops.geglu(gate + begin, up + begin, std::min(cpu::kElementsPerCall, n - begin));
 }
 
 void soft_cap(float* x, int64_t n, float cap) {
@@ -26,9 +20,9 @@ void soft_cap(float* x, int64_t n, float cap) {
 
 void geglu_backward(const float* gate, const float* up, const float* dout, int64_t n, float* dgate, float* dup) {
   const cpu::VectorOps& ops = cpu::vector_ops();
-#pragma omp parallel for schedule(static) if (n > 4 * kChunk)
-  for (int64_t begin = 0; begin < n; begin += kChunk)
-    ops.geglu_backward(gate + begin, up + begin, dout + begin, std::min(kChunk, n - begin), dgate + begin,
+#pragma omp parallel for schedule(static) if (n > 4 * cpu::kElementsPerCall)
+  for (int64_t begin = 0; begin < n; begin += cpu::kElementsPerCall)
+    ops.geglu_backward(gate + begin, up + begin, dout + begin, std::min(cpu::kElementsPerCall, n - begin), dgate + begin,
                        dup + begin);
 }
 

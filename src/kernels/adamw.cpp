@@ -8,10 +8,9 @@ namespace meshtune {
 
 void adamw_update(float* theta, const float* grad, float* m, float* v, int64_t n, const AdamWStep& step) {
   const cpu::VectorOps& ops = cpu::vector_ops();
-  constexpr int64_t kChunk = 1 << 14;
-#pragma omp parallel for schedule(static) if (n > 4 * kChunk)
-  for (int64_t begin = 0; begin < n; begin += kChunk) {
-    const int64_t len = std::min(kChunk, n - begin);
+#pragma omp parallel for schedule(static) if (n > 4 * cpu::kElementsPerCall)
+  for (int64_t begin = 0; begin < n; begin += cpu::kElementsPerCall) {
+    const int64_t len = std::min(cpu::kElementsPerCall, n - begin);
     ops.adamw(theta + begin, grad + begin, m + begin, v + begin, len, step);
   }
 }

@@ -12,7 +12,6 @@
 #include "kernels/cpu/features.h"
 #include "kernels/cpu/gemv.h"
 #include "kernels/cpu/vector_ops.h"
-#include "kernels/cpu/vector_ops.h"
 #include "kernels/cpu/onednn.h"
 #include "kernels/int8.h"
 
@@ -191,10 +190,8 @@ static const uint16_t* narrow_input(const float* a, int64_t n, Bf16Inputs& in) {
 
 static const float* rounded_input(const float* a, int64_t n, Bf16Inputs& in) {
   in.a_rounded.resize(size_t(n));
-  float* out = in.a_rounded.data();
-#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
-  for (int64_t i = 0; i < n; ++i) out[i] = round_to_bf16(a[i]);
-  return out;
+  widen_bf16_parallel(narrow_input(a, n, in), n, in.a_rounded.data());
+  return in.a_rounded.data();
 }
 
 void linear(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision) {

@@ -9,6 +9,9 @@
 
 namespace meshtune::cpu {
 
+// Elements per call for the kernels that split one long array over the threads.
+inline constexpr int64_t kElementsPerCall = int64_t(1) << 14;
+
 struct VectorOps {
   // Σ a·b over n, in 32 independent partial sums (the same order on every path).
   float (*dot)(const float* a, const float* b, int64_t n);

@@ -26,7 +26,8 @@ namespace {
 // the same summation order on every path.
 constexpr int kLanes = 32;
 
-float sum_lanes(float* acc) {
+template <class Sum>  // float or double partial sums
+Sum sum_lanes(Sum* acc) {
   for (int width = kLanes / 2; width > 0; width /= 2)
     for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
   return acc[0];
@@ -145,9 +146,7 @@ double sum_exp_shifted(const float* x, int64_t n, float shift) {
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) acc[l] += double(exp_approx(x[i + l] - shift));
   for (int l = 0; i < n; ++i, ++l) acc[l] += double(exp_approx(x[i] - shift));
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int l = 0; l < width; ++l) acc[l] += acc[l + width];
-  return acc[0];
+  return sum_lanes(acc);
 }
 
 void softmax_gradient(float* z, int64_t n, float shift, float scale, float cap) {
