@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "api/distribution.h"
 #include "core/random.h"
 #include "distribution/communicator.h"
 #include "distribution/layout.h"
@@ -159,17 +160,12 @@ INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
                                   (info.param.dtype == DType::BF16 ? "Bf16" : "");
                          });
 
-// Sharded loading as the CLI does it (cli/mesh_options.cpp sharded_loading): this process' block of
-// every variable `layout` splits, and int8 row maxima combined over the mesh.
+// Sharded loading as the library does it (api/distribution.h sharded_loading): this process' block
+// of every variable `layout` splits, and int8 row maxima combined over the mesh.
 LoadOptions sharded_options(LoadOptions options, const LayoutMap& layout, DeviceMesh& mesh) {
-  options.block_of = [&layout, &mesh](const VariableSpec& spec) -> std::optional<ShardSpec> {
-    const ShardSpec s = make_shard_spec(our_dimensions(spec.kind), spec.keras_shape,
-                                        layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
-    return s.split() ? std::optional<ShardSpec>(s) : std::nullopt;
-  };
-  options.combine_row_max = [&mesh](const VariableSpec& spec, const ShardSpec& block, float* row_max) {
-    combine_row_maxima(spec, block, mesh, row_max);
-  };
+  const LoadOptions sharded = api::sharded_loading(layout, mesh);
+  options.block_of = sharded.block_of;
+  options.combine_row_max = sharded.combine_row_max;
   return options;
 }
 

@@ -2,38 +2,24 @@
 // The tutorial's enable_lora → compile(AdamW) → fit(data) → generate, in one command. Writes to
 // --out: checkpoint.safetensors (resumable), and at the end the LoRA adapter as Keras
 // `adapter.lora.h5` and as a PEFT directory `adapter/`, or for --full a Keras preset `model/`.
-#include <algorithm>
-#include <chrono>
-#include <malloc.h>
-
 #include <csignal>
 #include <cstdlib>
-#include <memory>
 #include <filesystem>
 #include <iostream>
-#include <sstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
-#include "cli/loading.h"
+#include "cli/commands.h"
 #include "cli/mesh_options.h"
 #include "core/error.h"
+#include "distribution/collectives.h"
 #include "distribution/communicator.h"
-#include "data/batches.h"
-#include "generate/generate.h"
-#include "store/lora_files.h"
-#include "store/save.h"
 #include "train/run_dir.h"
-#include "train/trainer.h"
 
 namespace meshtune::cli {
 
 static std::atomic<bool> g_stop{false};
 
-// Bytes currently allocated through malloc (glibc's mallinfo2: small blocks plus mmap'd ones).
-static size_t allocated_bytes() {
-  const struct mallinfo2 info = mallinfo2();
-  return info.uordblks + info.hblkhd;
-}
 static void request_stop(int) { g_stop.store(true); }
 
 // The resume tests' hook (MESHTUNE_TEST_KILL_AFTER_STEP): SIGKILL, as a crash would, right after
@@ -49,17 +35,8 @@ class KillAfterCheckpoint : public TrainingLog {
   int64_t step_;
 };
 
-static std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-Runner add_finetune_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("finetune", "Fine-tune with LoRA (default rank 4) or all parameters (--full)");
-  struct Options {
+namespace {
+struct Options {
     ModelOptions model;
     std::string data, validation_data, out = "runs/finetune";
     DataFields fields;
@@ -76,6 +53,12 @@ Runner add_finetune_command(CLI::App& app) {
     int sample_max_length = 64;
     MeshOptions mesh;
   };
+}  // namespace
+
+static int run_finetune(const Options& o);
+
+Runner add_finetune_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("finetune", "Fine-tune with LoRA (default rank 4) or all parameters (--full)");
   auto o = std::make_shared<Options>();
   o->model.add_to(*cmd, /*with_lora=*/false);
   o->model.add_dtype_policy(*cmd);
@@ -136,184 +119,162 @@ Runner add_finetune_command(CLI::App& app) {
   cmd->add_option("--sample-prompt", o->sample_prompts, "Generate from this prompt before and after training");
   cmd->add_option("--sample-max-length", o->sample_max_length, "max_length for --sample-prompt (default 64)");
   o->mesh.add_to(*cmd);
-  return [o] {
-    namespace fs = std::filesystem;
-    check(o->seq_len >= 1, "--seq-len must be at least 1, got ", o->seq_len);
-    check(o->batch_size >= 1, "--batch-size must be at least 1, got ", o->batch_size);
-    check(o->epochs >= 1, "--epochs must be at least 1, got ", o->epochs);
-    check(o->steps >= 0, "--steps must not be negative, got ", o->steps);
-    check(!(o->full && (o->lora_rank > 0 || !o->lora_init.empty())), "--full cannot be combined with LoRA options");
-    check(!(o->resume && o->overwrite), "--resume and --overwrite cannot be combined");
-    const RunDirMode run_mode = o->resume ? RunDirMode::Resume : o->overwrite ? RunDirMode::Overwrite : RunDirMode::Fresh;
-    if (run_mode != RunDirMode::Overwrite) prepare_run_dir(o->out, run_mode);  // refuse before any loading
-    // Pre-tokenized data needs no tokenizer (unless samples are asked for).
-    const bool pretokenized = o->data.rfind("npy:", 0) == 0 ||
-                              (o->data.size() > 4 && o->data.compare(o->data.size() - 4, 4, ".npy") == 0);
-    // Under a mesh each process reads only its blocks of the weights the layout splits.
-    check(o->model.dtype_policy != "bfloat16",
-          "--dtype-policy bfloat16 keeps the variables in bf16 (Keras' set_floatx(\"bfloat16\"), for inference); train "
-          "with mixed_bfloat16: fp32 variables and optimizer state, bf16 matmuls");
-    o->model.trains_weights = o->full;
-    std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
-    Distribution distribution;
-    if (mesh)
-      distribution = o->mesh.make_distribution(
-          mesh.get(), read_config(o->model));
-    LoadedModel loaded =
-        load_model_and_tokenizer(o->model, !pretokenized || !o->sample_prompts.empty() || !o->validation_data.empty(),
-                                 mesh ? sharded_loading(distribution.layout, *mesh) : LoadOptions{});
-    const GemmaConfig config = loaded.model.config;
-    check(!(o->full && loaded.model.has_int8()), o->model.model,
-          ": int8 weights are frozen (as in Keras): train them with LoRA (--lora-rank), not --full");
-    check(o->seq_len <= config.max_sequence_length, "--seq-len ", o->seq_len, " exceeds the model's maximum sequence length ",
-          config.max_sequence_length);
+  return [o] { return run_finetune(*o); };
+}
 
-    Dataset dataset = load_dataset(o->data, o->fields);
-    BatchOptions batch_options;
-    batch_options.sequence_length = o->seq_len;
-    batch_options.batch_size = o->batch_size;
-    batch_options.take = o->take;
-    batch_options.shuffle = !o->no_shuffle;
-    batch_options.shuffle_seed = o->shuffle_seed;
-    batch_options.train_on_all_turns = o->train_on == "all";
-    BatchStream stream(dataset, loaded.tokenizer.get(), batch_options);
+// compile(optimizer=AdamW(...)) and fit(...)'s options from the flags.
+static api::CompileOptions compile_options(const Options& o) {
+  api::CompileOptions compile;
+  compile.learning_rate = o.lr;
+  compile.weight_decay = o.weight_decay;
+  compile.beta_1 = o.beta_1;
+  compile.beta_2 = o.beta_2;
+  compile.epsilon = o.epsilon;
+  compile.exclude_from_weight_decay = api::split_commas(o.no_decay);
+  compile.clipnorm = o.clipnorm;
+  compile.clipvalue = o.clipvalue;
+  compile.global_clipnorm = o.global_clipnorm;
+  compile.schedule = o.schedule;
+  compile.warmup_steps = o.warmup_steps;
+  compile.final_lr_fraction = o.final_lr_fraction;
+  return compile;
+}
 
-    std::optional<LoraWeights> lora;
-    if (!o->full) {
-      if (!o->lora_init.empty()) {
-        lora = load_lora_adapter(o->lora_init, config);
-        check(o->lora_rank == 0 || o->lora_rank == lora->rank, o->lora_init, ": adapter rank ", lora->rank,
-              " differs from --lora-rank ", o->lora_rank);
-      } else {
-        lora = enable_lora(config, o->lora_rank > 0 ? o->lora_rank : 4,
-                           parse_lora_targets(split_commas(o->lora_targets)), o->lora_seed, o->lora_alpha);
-      }
-    }
-    FitOptions fit;
-    fit.epochs = o->steps > 0 && !o->epochs_given ? 0 : o->epochs;  // 0: as many as --steps needs
-    fit.max_steps = o->steps;
-    fit.grad_accumulation = o->grad_accum;
-    fit.adamw.learning_rate = o->lr;
-    fit.adamw.weight_decay = o->weight_decay;
-    fit.adamw.beta_1 = o->beta_1;
-    fit.adamw.beta_2 = o->beta_2;
-    fit.adamw.epsilon = o->epsilon;
-    fit.adamw.exclude_from_weight_decay = split_commas(o->no_decay);
-    fit.adamw.clipnorm = o->clipnorm;
-    fit.adamw.clipvalue = o->clipvalue;
-    fit.adamw.global_clipnorm = o->global_clipnorm;
-    const int64_t steps_per_epoch = (int64_t(stream.steps_per_epoch()) + o->grad_accum - 1) / std::max(1, o->grad_accum);
-    fit.schedule.kind = o->schedule;
-    fit.schedule.base = o->lr;
-    fit.schedule.warmup_steps = o->warmup_steps;
-    fit.schedule.total_steps = fit.epochs == 0 ? o->steps
-                               : o->steps > 0 ? std::min<int64_t>(o->steps, steps_per_epoch * o->epochs)
-                                              : steps_per_epoch * o->epochs;
-    fit.schedule.final_fraction = o->final_lr_fraction;
-    if (run_mode == RunDirMode::Overwrite) {  // once every input has loaded: rank 0 clears, the others wait
-      if (world().rank() == 0) prepare_run_dir(o->out, run_mode);
-      world().barrier();
-    }
-    fit.checkpoint_path = (fs::path(o->out) / "checkpoint.safetensors").string();
-    fit.checkpoint_every = o->checkpoint_every;
-    const bool main_process = !mesh || mesh->comm().rank() == 0;
-    // Logging sinks: the progress bar and the JSONL log on the first process only.
-    std::vector<std::unique_ptr<TrainingLog>> logs;
-    if (main_process && !o->no_progress) logs.push_back(std::make_unique<ProgressLog>(stderr));
-    if (main_process && !o->log_jsonl.empty()) logs.push_back(std::make_unique<JsonlLog>(o->log_jsonl));
-    // Test hook for the resume tests: a real SIGKILL right after a given step's checkpoint
-    // (MESHTUNE_TEST_KILL_RANK: only that rank dies).
-    if (const char* kill = std::getenv("MESHTUNE_TEST_KILL_AFTER_STEP")) {
-      const char* rank = std::getenv("MESHTUNE_TEST_KILL_RANK");
-      if (!rank || world().rank() == std::atoi(rank)) logs.push_back(std::make_unique<KillAfterCheckpoint>(std::atoll(kill)));
-    }
-    std::vector<TrainingLog*> log_sinks;
-    for (const auto& log : logs) log_sinks.push_back(log.get());
-    const size_t one_device_bytes =
-        size_t(config.num_parameters()) * (loaded.model.embeddings.dtype == DType::BF16 ? 2 : 4);
-    const std::vector<int> stop_ids =
-        loaded.tokenizer ? default_stop_token_ids(loaded.model, *loaded.tokenizer) : std::vector<int>{1};
-    Trainer trainer(std::move(loaded.model), lora, fit, distribution);
-    if (mesh && main_process) std::cerr << "meshtune: " << trainer.plan_summary() << "\n";
-    if (main_process)  // what sharding saves, from our tables and from the allocator
-      std::cerr << (mesh ? "mesh " + mesh->describe() : std::string("one device")) << ": this process holds "
-                << trainer.held_weight_bytes() << " bytes of weights (one device: " << one_device_bytes
-                << "); allocator: " << allocated_bytes() << " bytes in use\n";
-    if (o->resume) {
-      check(fs::exists(fit.checkpoint_path), "--resume: no checkpoint at ", fit.checkpoint_path);
-      trainer.load_checkpoint(fit.checkpoint_path);
-      if (main_process) std::cerr << "resumed from " << fit.checkpoint_path << " at step " << trainer.step() << "\n";
-    }
-    const long long total = config.num_parameters();
-    if (main_process) std::cerr << (lora ? "LoRA rank " + std::to_string(lora->rank) : std::string("full fine-tuning"))
-              << ": trainable params " << trainer.trainable_count() << ", non-trainable "
-              << (lora ? total : 0) << "; " << stream.num_examples() << " examples, " << steps_per_epoch
-              << " steps per epoch\n";
+static api::FitRunOptions run_options(const Options& o) {
+  api::FitRunOptions run;
+  run.epochs = o.steps > 0 && !o.epochs_given ? 0 : o.epochs;  // 0: as many as --steps needs
+  run.steps = o.steps;
+  run.batch_size = o.batch_size;
+  run.grad_accumulation = o.grad_accum;
+  run.take = o.take;
+  run.shuffle = !o.no_shuffle;
+  run.shuffle_seed = o.shuffle_seed;
+  run.train_on_all_turns = o.train_on == "all";
+  run.checkpoint_path = (std::filesystem::path(o.out) / "checkpoint.safetensors").string();
+  run.checkpoint_every = o.checkpoint_every;
+  run.resume = o.resume;
+  return run;
+}
 
-    GenerateOptions sample;
-    sample.max_length = o->sample_max_length;
-    sample.stop_token_ids = stop_ids;
-    auto print_samples = [&](const char* when) {
-      if (o->sample_prompts.empty()) return;
-      GemmaModel m = trainer.inference_model();
-      for (const GeneratedText& r : generate_text(m, *loaded.tokenizer, o->sample_prompts, sample))
-        if (main_process) std::cout << when << ": " << r.text << "\n" << std::flush;
-    };
-    print_samples("before");
+// The trained adapter in every format it can be written in (a PEFT-style one, continued with
+// --lora-init from a PEFT directory, has one B per head, which Keras' layout cannot hold), or for
+// --full the whole model as a Keras preset. Every process takes part (gathers under a mesh).
+static void save_outputs(const api::GemmaCausalLM& lm, const Options& o) {
+  namespace fs = std::filesystem;
+  const bool main_process = lm.is_main_process();
+  if (!lm.lora()) {
+    lm.save_to_preset((fs::path(o.out) / "model").string());
+    if (main_process) std::cerr << "wrote " << o.out << "/model (Keras preset)\n";
+    return;
+  }
+  lm.save_peft_adapter((fs::path(o.out) / "adapter").string());
+  if (lm.keras_lora_layout()) {
+    lm.save_lora_weights((fs::path(o.out) / "adapter.lora.h5").string());
+    if (main_process) std::cerr << "wrote " << o.out << "/adapter.lora.h5 (Keras) and " << o.out << "/adapter/ (PEFT)\n";
+  } else if (main_process) {
+    std::cerr << "wrote " << o.out << "/adapter/ (PEFT); skipped adapter.lora.h5: a PEFT-style adapter (from "
+              << o.lora_init << ") has a B matrix per head, which Keras' save_lora_weights layout cannot hold\n";
+  }
+}
 
-    g_stop.store(false);
-    std::signal(SIGINT, request_stop);
-    std::signal(SIGTERM, request_stop);
-    const auto fit_start = std::chrono::steady_clock::now();
-    EpochMetrics metrics = trainer.fit(stream, log_sinks, &g_stop);
-    const double train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
-    if (trainer.interrupted()) {
-      if (main_process) std::cerr << "interrupted: saved " << fit.checkpoint_path << " at step " << trainer.step()
-                << "; continue with --resume\n";
-      return 130;
-    }
+// Callbacks: the progress bar and the JSONL log on the first process only, and the resume tests'
+// SIGKILL hook (MESHTUNE_TEST_KILL_AFTER_STEP; MESHTUNE_TEST_KILL_RANK: only that rank dies).
+static std::vector<std::unique_ptr<TrainingLog>> make_callbacks(const Options& o, bool main_process) {
+  std::vector<std::unique_ptr<TrainingLog>> logs;
+  if (main_process && !o.no_progress) logs.push_back(std::make_unique<ProgressLog>(stderr));
+  if (main_process && !o.log_jsonl.empty()) logs.push_back(std::make_unique<JsonlLog>(o.log_jsonl));
+  if (const char* kill = std::getenv("MESHTUNE_TEST_KILL_AFTER_STEP")) {
+    const char* rank = std::getenv("MESHTUNE_TEST_KILL_RANK");
+    if (!rank || world().rank() == std::atoi(rank)) logs.push_back(std::make_unique<KillAfterCheckpoint>(std::atoll(kill)));
+  }
+  return logs;
+}
 
-    if (lora && main_process) {
-      // Every format the adapter can be written in. A PEFT-style adapter (continued with
-      // --lora-init from a PEFT directory) has one B per head, which Keras' layout cannot hold.
-      const LoraWeights& trained = *trainer.lora();
-      const bool keras_style = std::all_of(trained.adapters.begin(), trained.adapters.end(),
-                                           [](const LoraAdapter& a) { return a.style == LoraStyle::Keras; });
-      save_peft_adapter((fs::path(o->out) / "adapter").string(), config, trained,
-                        fs::absolute(loaded.dir.path).lexically_normal().string());
-      if (keras_style) {
-        save_keras_lora((fs::path(o->out) / "adapter.lora.h5").string(), config, trained);
-        std::cerr << "wrote " << o->out << "/adapter.lora.h5 (Keras) and " << o->out << "/adapter/ (PEFT)\n";
-      } else {
-        std::cerr << "wrote " << o->out << "/adapter/ (PEFT); skipped adapter.lora.h5: a PEFT-style adapter (from "
-                  << o->lora_init << ") has a B matrix per head, which Keras' save_lora_weights layout cannot hold\n";
-      }
-    } else if (!lora) {
-      GemmaModel final_model = trainer.current_model();  // every process takes part in the gathers
-      if (main_process) {
-        save_keras_preset(final_model, loaded.dir.tokenizer_path, o->seq_len, (fs::path(o->out) / "model").string());
-        std::cerr << "wrote " << o->out << "/model (Keras preset)\n";
-      }
+// The finetune recipe over the library: load (sharded under a mesh), enable_lora, compile, fit,
+// then the adapter (or the whole model) written into --out.
+static int run_finetune(const Options& o) {
+  namespace fs = std::filesystem;
+  check(o.seq_len >= 1, "--seq-len must be at least 1, got ", o.seq_len);
+  check(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
+  check(o.epochs >= 1, "--epochs must be at least 1, got ", o.epochs);
+  check(o.steps >= 0, "--steps must not be negative, got ", o.steps);
+  check(!(o.full && (o.lora_rank > 0 || !o.lora_init.empty())), "--full cannot be combined with LoRA options");
+  check(!(o.resume && o.overwrite), "--resume and --overwrite cannot be combined");
+  check(o.model.dtype_policy != "bfloat16",
+        "--dtype-policy bfloat16 keeps the variables in bf16 (Keras' set_floatx(\"bfloat16\"), for inference); train "
+        "with mixed_bfloat16: fp32 variables and optimizer state, bf16 matmuls");
+  const RunDirMode run_mode = o.resume ? RunDirMode::Resume : o.overwrite ? RunDirMode::Overwrite : RunDirMode::Fresh;
+  if (run_mode != RunDirMode::Overwrite) prepare_run_dir(o.out, run_mode);  // refuse before any loading
+  // Pre-tokenized data needs no tokenizer (unless samples or validation are asked for).
+  const bool pretokenized = o.data.rfind("npy:", 0) == 0 ||
+                            (o.data.size() > 4 && o.data.compare(o.data.size() - 4, 4, ".npy") == 0);
+  api::PresetOptions preset = o.model.preset();
+  preset.train_all_weights = o.full;
+  preset.need_tokenizer = !pretokenized || !o.sample_prompts.empty() || !o.validation_data.empty();
+  preset.distribution = o.mesh.distribution();
+  api::GemmaCausalLM lm = api::GemmaCausalLM::from_preset(o.model.model, preset);
+  lm.set_sequence_length(o.seq_len);
+  const Dataset dataset = load_dataset(o.data, o.fields);
+  if (!o.full) {
+    if (!o.lora_init.empty()) {
+      lm.load_lora_weights(o.lora_init);
+      check(o.lora_rank == 0 || o.lora_rank == lm.lora()->rank, o.lora_init, ": adapter rank ", lm.lora()->rank,
+            " differs from --lora-rank ", o.lora_rank);
+    } else {
+      lm.enable_lora({o.lora_rank > 0 ? o.lora_rank : 4, api::split_commas(o.lora_targets), o.lora_alpha, o.lora_seed});
     }
-    nlohmann::json result = {{"steps", trainer.step()}, {"loss", metrics.loss}, {"accuracy", metrics.accuracy},
-                             {"trainable_params", trainer.trainable_count()},
-                             {"train_seconds", train_seconds}, {"collective_seconds", collective_seconds()}};
-    if (!o->validation_data.empty()) {  // every process evaluates (the same numbers)
-      BatchOptions vo = batch_options;
-      vo.shuffle = false;
-      vo.take = o->validation_take;
-      BatchStream validation(load_dataset(o->validation_data, o->fields), loaded.tokenizer.get(), vo);
-      EpochMetrics v = trainer.evaluate(validation);
-      result["val_loss"] = v.loss;
-      result["val_accuracy"] = v.accuracy;
-      if (main_process) std::cerr << "validation: loss " << v.loss << " - sparse_categorical_accuracy " << v.accuracy << "\n";
-    }
-    print_samples("after");
-    if (main_process) std::cout << result.dump() << "\n";
-    return 0;
+  }
+  lm.compile(compile_options(o));
+  api::FitRunOptions run = run_options(o);
+  if (run_mode == RunDirMode::Overwrite) {  // once every input has loaded: rank 0 clears, the others wait
+    if (world().rank() == 0) prepare_run_dir(o.out, run_mode);
+    world().barrier();
+  }
+  const bool main_process = lm.is_main_process();
+  const std::vector<std::unique_ptr<TrainingLog>> logs = make_callbacks(o, main_process);
+  std::vector<api::Callback*> callbacks;
+  for (const auto& log : logs) callbacks.push_back(log.get());
+
+  GenerateOptions sample = lm.default_generate_options();
+  sample.max_length = o.sample_max_length;
+  auto print_samples = [&](const char* when) {
+    if (o.sample_prompts.empty()) return;
+    for (const GeneratedText& r : lm.generate(o.sample_prompts, sample))
+      if (main_process) std::cout << when << ": " << r.text << "\n" << std::flush;
   };
+  print_samples("before");
+
+  g_stop.store(false);
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
+  run.stop_signal = &g_stop;
+  const api::History history = lm.fit(dataset, run, callbacks);
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (history.interrupted) {
+    if (main_process)
+      std::cerr << "interrupted: saved " << run.checkpoint_path << " at step " << history.steps
+                << "; continue with --resume\n";
+    return 130;
+  }
+  save_outputs(lm, o);
+  nlohmann::json result = {{"steps", history.steps},
+                           {"loss", history.loss.empty() ? 0.0 : history.loss.back()},
+                           {"accuracy", history.accuracy.empty() ? 0.0 : history.accuracy.back()},
+                           {"trainable_params", history.trainable_params},
+                           {"train_seconds", history.train_seconds},
+                           {"collective_seconds", collective_seconds()}};
+  if (!o.validation_data.empty()) {  // every process evaluates (the same numbers)
+    api::FitRunOptions validation = run;
+    validation.take = o.validation_take;
+    const EpochMetrics v = lm.evaluate(load_dataset(o.validation_data, o.fields), validation);
+    result["val_loss"] = v.loss;
+    result["val_accuracy"] = v.accuracy;
+    if (main_process) std::cerr << "validation: loss " << v.loss << " - sparse_categorical_accuracy " << v.accuracy << "\n";
+  }
+  print_samples("after");
+  if (main_process) std::cout << result.dump() << "\n";
+  return 0;
 }
 
 }  // namespace meshtune::cli

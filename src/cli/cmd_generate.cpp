@@ -3,13 +3,10 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "cli/loading.h"
+#include "cli/commands.h"
 #include "cli/mesh_options.h"
 #include "core/error.h"
-#include "model/sharded_model.h"
-#include "generate/generate.h"
 #include "text/chat.h"
-#include "store/lora_files.h"
 
 namespace meshtune::cli {
 
@@ -47,55 +44,30 @@ Runner add_generate_command(CLI::App& app) {
     // Under a mesh each process reads and keeps only its blocks of the weights the layout splits; it
     // computes its share of the heads, FFN width and vocabulary where the layout allows (tensor
     // parallel), and the other split weights are all-gathered. Every process generates the same tokens.
-    std::unique_ptr<DeviceMesh> mesh = o->mesh.make_mesh();
-    LayoutMap layout;
-    if (mesh) {
-      const GemmaConfig config = read_config(o->model);
-      layout = o->mesh.make_layout(config, mesh->shape(), mesh->axis_names());
-    }
-    // Under a mesh a LoRA adapter is merged after sharding, each process into its own part.
-    ModelOptions base_options = o->model;
-    if (mesh) base_options.lora.clear();
-    LoadedModel loaded = load_model_and_tokenizer(base_options, true, mesh ? sharded_loading(layout, *mesh) : LoadOptions{});
-    std::unique_ptr<ShardedModel> sharded;
-    if (mesh) {
-      const GemmaConfig config = loaded.model.config;
-      const TensorParallelPlan plan = plan_tensor_parallel(config, layout, *mesh, o->mesh.batch_axis, !o->mesh.no_tensor_parallel);
-      if (mesh->comm().rank() == 0) std::cerr << "meshtune: " << plan.summary << "\n";
-      sharded = std::make_unique<ShardedModel>(std::move(loaded.model), layout, *mesh, plan);
-      loaded.model = sharded->compute_model(/*by_layer=*/false);
-      if (!o->model.lora.empty()) {
-        // Over int8 weights the adapter stays a low-rank term on each process' part (as on one process).
-        loaded.lora = std::make_unique<LoraWeights>(load_lora_adapter(o->model.lora, config));
-        const bool low_rank = loaded.model.has_int8();
-        if (low_rank) attach_lora(loaded.model, *loaded.lora, config, plan);
-        else loaded.model = merge_lora_parts(loaded.model, *loaded.lora, config, plan);
-        if (mesh->comm().rank() == 0)
-          std::cerr << (low_rank ? "attached" : "merged") << " LoRA adapter " << o->model.lora << " (rank "
-                    << loaded.lora->rank << ") " << (low_rank ? "to" : "into") << " each process' part\n";
-      }
-    }
-    const bool main_process = !mesh || mesh->comm().rank() == 0;
-    GenerateOptions options;
-    options.max_length = o->max_length > 0 ? o->max_length : loaded.dir.sequence_length;
+    api::PresetOptions preset = o->model.preset();
+    preset.distribution = o->mesh.distribution();
+    const api::GemmaCausalLM lm = api::GemmaCausalLM::from_preset(o->model.model, preset);
+    if (lm.mesh() && lm.is_main_process()) std::cerr << "meshtune: " << lm.distribution_summary() << "\n";
+    GenerateOptions options = lm.default_generate_options();
+    if (o->max_length != 0) options.max_length = o->max_length;
     options.sampler = o->sampler;
     if (o->seed >= 0) {
       options.sampler.seeded = true;
       options.sampler.seed = uint64_t(o->seed);
     }
-    options.stop_token_ids = o->stop_ids.empty() ? default_stop_token_ids(loaded.model, *loaded.tokenizer) : o->stop_ids;
+    if (!o->stop_ids.empty()) options.stop_token_ids = o->stop_ids;
     std::vector<std::string> prompts = o->prompts;
     if (o->chat) {
       for (std::string& p : prompts) p = render_gemma_chat({{"user", p}}, /*add_generation_prompt=*/true);
-      const int end_of_turn = loaded.tokenizer->piece_to_id("<end_of_turn>");
-      check(end_of_turn >= 0, loaded.dir.tokenizer_path, ": --chat needs <end_of_turn> in the vocabulary");
+      const int end_of_turn = lm.tokenizer().piece_to_id("<end_of_turn>");
+      check(end_of_turn >= 0, lm.directory().tokenizer_path, ": --chat needs <end_of_turn> in the vocabulary");
       if (o->stop_ids.empty() && std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), end_of_turn) ==
                                      options.stop_token_ids.end())
         options.stop_token_ids.push_back(end_of_turn);
     }
     if (o->no_stop) options.stop_token_ids.clear();
-    const std::vector<GeneratedText> results = generate_text(loaded.model, *loaded.tokenizer, prompts, options);
-    for (size_t i = 0; i < results.size() && main_process; ++i) {
+    const std::vector<GeneratedText> results = lm.generate(prompts, options);
+    for (size_t i = 0; i < results.size() && lm.is_main_process(); ++i) {
       const GeneratedText& r = results[i];
       if (o->json) {
         nlohmann::json j = {{"prompt", o->prompts[i]}, {"text", r.completion}, {"token_ids", r.token_ids}};

@@ -4,7 +4,9 @@
 // implementations. Padding keys are masked as Keras masks them.
 #include <iostream>
 
-#include "cli/loading.h"
+#include <algorithm>
+
+#include "cli/commands.h"
 #include "core/error.h"
 #include "io/npy.h"
 
@@ -58,25 +60,20 @@ Runner add_logits_command(CLI::App& app) {
       check(mb == B && mt == T, o->padding_mask, ": shape (", mb, ", ", mt, ") differs from the token ids' (", B, ", ",
             T, ")");
     }
-    LoadedModel loaded = load_model_and_tokenizer(o->model, false);
-    const GemmaConfig& c = loaded.model.config;
+    const api::GemmaCausalLM lm = o->model.load(/*need_tokenizer=*/false);
+    const GemmaConfig& c = lm.config();
     for (size_t i = 0; i < ids.size(); ++i)
       check(ids[i] >= 0 && ids[i] < c.vocab_size, o->token_ids, ": token id ", ids[i], " at [", int64_t(i) / T, ", ",
             int64_t(i) % T, "] is outside the vocabulary (size ", c.vocab_size, ")");
-
-    KVCache cache(c, B, T);
-    for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = mask[i] != 0;
-    std::vector<float> hidden = backbone_forward(loaded.model, ids.data(), B, T, 0, cache);
-    if (!o->hidden_states.empty()) {
-      HostTensor h = HostTensor::allocate(DType::F32, {B, T, c.hidden_dim});
-      std::copy(hidden.begin(), hidden.end(), h.mutable_as<float>());
-      write_npy(o->hidden_states, h);
-    }
-    if (!o->out.empty()) {
-      HostTensor logits = HostTensor::allocate(DType::F32, {B, T, c.vocab_size});
-      lm_head(loaded.model, hidden.data(), B * T, logits.mutable_as<float>());
-      write_npy(o->out, logits);
-    }
+    std::vector<float> hidden, logits;
+    lm.logits(ids, mask, B, T, o->hidden_states.empty() ? nullptr : &hidden, o->out.empty() ? nullptr : &logits);
+    auto write = [](const std::string& path, const std::vector<float>& values, Shape shape) {
+      HostTensor t = HostTensor::allocate(DType::F32, std::move(shape));
+      std::copy(values.begin(), values.end(), t.mutable_as<float>());
+      write_npy(path, t);
+    };
+    if (!o->hidden_states.empty()) write(o->hidden_states, hidden, {B, T, c.hidden_dim});
+    if (!o->out.empty()) write(o->out, logits, {B, T, c.vocab_size});
     return 0;
   };
 }

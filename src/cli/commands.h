@@ -5,6 +5,8 @@
 #include <functional>
 #include <string>
 
+#include "api/causal_lm.h"
+
 namespace meshtune::cli {
 
 // Options every subcommand that loads a model shares.
@@ -16,9 +18,10 @@ struct ModelOptions {
   std::string quantize;    // "int8": quantize the matrices at load (Keras' formula); "" = as stored
   // Keras' dtype policy: float32, mixed_bfloat16 or bfloat16 (bf16 matmul inputs, fp32 sums).
   std::string dtype_policy = "float32";
-  bool trains_weights = false;  // finetune --full: the matrices are variables, kept as stored
   void add_to(CLI::App& app, bool with_lora = true, bool required = true);
   void add_dtype_policy(CLI::App& app);
+  api::PresetOptions preset() const;  // what GemmaCausalLM::from_preset takes
+  api::GemmaCausalLM load(bool need_tokenizer = true) const;
 };
 
 using Runner = std::function<int()>;

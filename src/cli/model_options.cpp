@@ -21,4 +21,20 @@ void ModelOptions::add_dtype_policy(CLI::App& app) {
       ->check(CLI::IsMember({"float32", "mixed_bfloat16", "bfloat16"}));
 }
 
+api::PresetOptions ModelOptions::preset() const {
+  api::PresetOptions p;
+  p.models_dir = models_dir;
+  p.dtype_policy = dtype_policy;
+  p.quantize = quantize;
+  p.fp32_weights = fp32_weights;
+  p.lora = lora;
+  return p;
+}
+
+api::GemmaCausalLM ModelOptions::load(bool need_tokenizer) const {
+  api::PresetOptions p = preset();
+  p.need_tokenizer = need_tokenizer;
+  return api::GemmaCausalLM::from_preset(model, p);
+}
+
 }  // namespace meshtune::cli

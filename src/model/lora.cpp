@@ -1,5 +1,7 @@
 #include "model/lora.h"
 
+#include <algorithm>
+
 #include <cblas.h>
 
 #include <cmath>
@@ -14,34 +16,7 @@ namespace meshtune {
 
 namespace {
 
-bool is_adaptable(Slot slot) {
-  switch (slot) {
-    case Slot::Query:
-    case Slot::Key:
-    case Slot::Value:
-    case Slot::AttentionOutput:
-    case Slot::FfwGating:
-    case Slot::FfwGating2:
-    case Slot::FfwLinear: return true;
-    default: return false;
-  }
-}
-
-// What an adapted kernel looks like: its Keras shape and layout kind, and our [rows=out, cols=in].
-struct KernelInfo {
-  Shape keras_shape;
-  VarKind kind = VarKind::Dense;
-  int64_t rows = 0, cols = 0;
-};
-
-// Taken from gemma_variables (layer 0) so that there is one table of shapes.
-KernelInfo kernel_info(const GemmaConfig& config, Slot slot) {
-  check(is_adaptable(slot), "LoRA: ", slot_layer_name(slot), " cannot carry a LoRA adapter");
-  check(config.num_layers > 0, "LoRA: the model has no layers");
-  for (const VariableSpec& spec : gemma_variables(config))
-    if (spec.layer == 0 && spec.slot == slot) return {spec.keras_shape, spec.kind, spec.hf_shape[0], spec.hf_shape[1]};
-  fail("LoRA: no variable for ", slot_layer_name(slot));
-}
+bool is_adaptable(Slot slot) { return std::find(kLoraSlots.begin(), kLoraSlots.end(), slot) != kLoraSlots.end(); }
 
 int64_t prod_but_last(const Shape& s) {
   int64_t p = 1;
@@ -76,6 +51,15 @@ void keras_lora_product(const float* a, const float* b, int64_t P, int64_t r, in
 #endif
 
 }  // namespace
+
+// Taken from gemma_variables (layer 0) so that there is one table of shapes.
+LoraKernel lora_kernel(const GemmaConfig& config, Slot slot) {
+  check(is_adaptable(slot), "LoRA: ", slot_layer_name(slot), " cannot carry a LoRA adapter");
+  check(config.num_layers > 0, "LoRA: the model has no layers");
+  for (const VariableSpec& spec : gemma_variables(config))
+    if (spec.layer == 0 && spec.slot == slot) return {spec.keras_shape, spec.kind, spec.hf_shape[0], spec.hf_shape[1]};
+  fail("LoRA: ", slot_layer_name(slot), " is not a kernel of this model");
+}
 
 std::string LoraAdapter::keras_path(const GemmaConfig& config) const {
   const std::string block = "decoder_block_" + std::to_string(layer) + "/";
@@ -156,7 +140,7 @@ LoraWeights enable_lora(const GemmaConfig& config, int rank, const std::vector<S
   SplitMix64 rng{seed};
   for (int layer = 0; layer < config.num_layers; ++layer) {
     for (Slot slot : targets) {
-      const KernelInfo k = kernel_info(config, slot);
+      const LoraKernel k = lora_kernel(config, slot);
       LoraAdapter a;
       a.layer = layer;
       a.slot = slot;
@@ -179,7 +163,7 @@ LoraWeights enable_lora(const GemmaConfig& config, int rank, const std::vector<S
 }
 
 std::vector<float> lora_delta(const GemmaConfig& config, const LoraAdapter& ad, double scale) {
-  const KernelInfo k = kernel_info(config, ad.slot);
+  const LoraKernel k = lora_kernel(config, ad.slot);
   const int r = ad.rank;
   std::vector<float> delta(size_t(k.rows * k.cols), 0.f);
   if (ad.style == LoraStyle::Peft) {  // ΔW[out, in] = scale·B[out, r]·A[r, in]
@@ -256,7 +240,7 @@ void attach_lora(GemmaModel& model, LoraWeights& lora, const GemmaConfig& whole,
   model.low_rank.assign(size_t(whole.num_layers), LayerLowRank{});
   const std::vector<VariableSpec> specs = gemma_variables(whole);
   for (LoraAdapter& ad : lora.adapters) {
-    const KernelInfo k = kernel_info(whole, ad.slot);
+    const LoraKernel k = lora_kernel(whole, ad.slot);
     const int64_t r = ad.rank;
     LowRankTerm t;
     t.rank = r;
@@ -312,7 +296,7 @@ void validate_lora(const GemmaConfig& config, const LoraWeights& lora, const std
     const std::string name = ad.keras_path(config);
     check(seen.insert({ad.layer, int(ad.slot)}).second, source, ": two LoRA adapters for ", name);
     check(ad.rank > 0, source, ": ", name, ": LoRA rank must be positive, got ", ad.rank);
-    const KernelInfo k = kernel_info(config, ad.slot);
+    const LoraKernel k = lora_kernel(config, ad.slot);
     Shape want_a, want_b;
     if (ad.style == LoraStyle::Keras) {
       want_a = Shape(k.keras_shape.begin(), k.keras_shape.end() - 1);

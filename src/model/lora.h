@@ -4,6 +4,7 @@
 //   PEFT style:  A [r, in], B [out, r] in HF's [out, in] layout, ΔW = scale·B·A.
 // The effective kernel is W + scale·ΔW (Keras' `kernel` property). Base weights stay frozen.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -16,6 +17,19 @@
 namespace meshtune {
 
 enum class LoraStyle { Keras, Peft };
+
+// The seven matrices of a decoder block that can carry an adapter, in Slot order.
+inline constexpr std::array<Slot, 7> kLoraSlots = {Slot::Query,     Slot::Key,        Slot::Value,    Slot::AttentionOutput,
+                                                   Slot::FfwGating, Slot::FfwGating2, Slot::FfwLinear};
+
+// What an adapted kernel looks like: its Keras shape and layout kind, and our [rows = out, cols = in].
+struct LoraKernel {
+  Shape keras_shape;
+  VarKind kind = VarKind::Dense;
+  int64_t rows = 0, cols = 0;
+};
+// Throws Error for a slot that cannot carry an adapter, or a model without layers.
+LoraKernel lora_kernel(const GemmaConfig& config, Slot slot);
 
 struct LoraAdapter {
   int layer = 0;

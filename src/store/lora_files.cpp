@@ -20,23 +20,7 @@ namespace {
 
 constexpr int kMaxPeftRank = 1 << 20;
 
-const std::vector<Slot> kAdaptable = {Slot::Query,      Slot::Key,        Slot::Value,    Slot::AttentionOutput,
-                                      Slot::FfwGating, Slot::FfwGating2, Slot::FfwLinear};
-
-// Keras kernel shape/layout and our [rows, cols] of an adaptable slot (from gemma_variables, layer 0).
-struct Kernel {
-  Shape keras_shape;
-  VarKind kind = VarKind::Dense;
-  int64_t rows = 0, cols = 0;
-};
-
-Kernel kernel_of(const GemmaConfig& config, Slot slot) {
-  for (const VariableSpec& spec : gemma_variables(config))
-    if (spec.layer == 0 && spec.slot == slot) return {spec.keras_shape, spec.kind, spec.hf_shape[0], spec.hf_shape[1]};
-  fail("LoRA: ", slot_layer_name(slot), " is not a kernel of this model");
-}
-
-Shape keras_a_shape(const Kernel& k, int64_t rank) {
+Shape keras_a_shape(const LoraKernel& k, int64_t rank) {
   Shape s(k.keras_shape.begin(), k.keras_shape.end() - 1);
   s.push_back(rank);
   return s;
@@ -116,7 +100,7 @@ PeftFactors to_peft(const GemmaConfig& config, const LoraAdapter& ad, double sca
     f.a_shape = ad.a_shape;
     f.b_shape = ad.b_shape;
   } else {
-    const Kernel k = kernel_of(config, ad.slot);
+    const LoraKernel k = lora_kernel(config, ad.slot);
     const int64_t r = ad.rank;
     if (k.kind == VarKind::HeadsIn) {
       const int64_t heads = k.keras_shape[0], D = k.keras_shape[1], H = k.keras_shape[2];
@@ -218,7 +202,7 @@ int keras_lora_index(const GemmaConfig& config, int layer, Slot slot) {
   if (config.use_post_attention_norm) order.push_back("post_attention_norm");
   order.push_back("pre_attention_norm");
   const auto it = std::find(order.begin(), order.end(), std::string(slot_layer_name(slot)));
-  check(std::find(kAdaptable.begin(), kAdaptable.end(), slot) != kAdaptable.end() && it != order.end(), "LoRA: ",
+  check(std::find(kLoraSlots.begin(), kLoraSlots.end(), slot) != kLoraSlots.end() && it != order.end(), "LoRA: ",
         slot_layer_name(slot), " cannot carry a LoRA adapter");
   // Index 0 is token_embedding; blocks follow one after another.
   return 1 + layer * int(order.size()) + int(it - order.begin());
@@ -267,7 +251,7 @@ LoraWeights load_keras_lora(const std::string& path, const GemmaConfig& config) 
   // Every adaptable kernel of this model, by its Keras index.
   std::map<int, std::pair<int, Slot>> targets;
   for (int layer = 0; layer < config.num_layers; ++layer)
-    for (Slot slot : kAdaptable) targets[keras_lora_index(config, layer, slot)] = {layer, slot};
+    for (Slot slot : kLoraSlots) targets[keras_lora_index(config, layer, slot)] = {layer, slot};
 
   std::map<int, LoraAdapter> found;  // by index, so adapters come out in file order
   for (const auto& [name, t] : ds) {
@@ -286,7 +270,7 @@ LoraWeights load_keras_lora(const std::string& path, const GemmaConfig& config) 
     ad.slot = target->second.second;
     ad.style = LoraStyle::Keras;
     ad.rank = int(rank);
-    const Kernel k = kernel_of(config, ad.slot);
+    const LoraKernel k = lora_kernel(config, ad.slot);
     const bool is_a = which == 'a';
     const Shape want = is_a ? keras_a_shape(k, rank) : Shape{rank, k.keras_shape.back()};
     if (t.shape != want) {
@@ -326,7 +310,7 @@ void save_peft_adapter(const std::string& dir, const GemmaConfig& config, const 
     tensors.push_back({"base_model.model." + module + ".lora_B.weight", f32_tensor(f.b, f.b_shape)});
     per_module[short_module(ad.slot)].push_back({ad.layer, {f.rank, f.alpha}});
   }
-  for (Slot s : kAdaptable)
+  for (Slot s : kLoraSlots)
     if (per_module.count(short_module(s))) targets.push_back(short_module(s));
 
   // rank_pattern/alpha_pattern only where a module differs from the global r / lora_alpha: one key
@@ -340,7 +324,7 @@ void save_peft_adapter(const std::string& dir, const GemmaConfig& config, const 
     for (const auto& [layer, ra] : entries) {
       std::string key = short_name;
       if (!uniform) {
-        for (Slot s : kAdaptable)
+        for (Slot s : kLoraSlots)
           if (short_module(s) == short_name) key = "layers." + std::to_string(layer) + "." + hf_module(s);
       }
       if (ra.first != lora.rank) rank_pattern[key] = ra.first;
@@ -398,7 +382,7 @@ LoraWeights load_peft_adapter(const std::string& dir, const GemmaConfig& config)
     check(layer < config.num_layers, weights_path, ": tensor ", brief(name), " is for layer ", layer, ", but the model has ",
           config.num_layers, " layers");
     const Slot* slot = nullptr;
-    for (const Slot& s : kAdaptable)
+    for (const Slot& s : kLoraSlots)
       if (module == hf_module(s)) slot = &s;
     check(slot != nullptr, weights_path, ": tensor ", brief(name), ": unknown module ", brief(module),
           " (expected self_attn.q_proj|k_proj|v_proj|o_proj or mlp.gate_proj|up_proj|down_proj)");
@@ -420,7 +404,7 @@ LoraWeights load_peft_adapter(const std::string& dir, const GemmaConfig& config)
     check(ab.first && ab.second, weights_path, ": ", base_name, " needs both lora_A.weight and lora_B.weight");
     const HostTensor& A = *ab.first;
     const HostTensor& B = *ab.second;
-    const Kernel k = kernel_of(config, slot);
+    const LoraKernel k = lora_kernel(config, slot);
     const std::optional<JsonValue> rp = rank_pattern.find(module), ap = alpha_pattern.find(module);
     const int rank = rp ? rp->to_int(1, kMaxPeftRank) : r;
     const double alpha = ap ? ap->number() : lora_alpha;

@@ -35,17 +35,28 @@ void Trainer::accumulate_gradients(const Batch& global_batch, double loss_scale,
   sums.weight += s.weight;
 }
 
-LossSums Trainer::train_step(const Batch& batch, double learning_rate) {
+LossSums Trainer::optimizer_step(const std::vector<Batch>& micro_batches, double learning_rate) {
   zero_gradients();
   LossSums sums;
-  accumulate_gradients(batch, 1.0 / double(batch.batch_size * batch.seq_len), sums);
-  finish_gradients(sums);
+  const int64_t n = int64_t(micro_batches.size());
+  for (const Batch& batch : micro_batches)
+    accumulate_gradients(batch, 1.0 / double(batch.batch_size * batch.seq_len * n), sums);
+  finish_gradients(sums);  // sums now cover the whole (global) batch
   apply_update(learning_rate);
   return sums;
 }
 
-EpochMetrics Trainer::evaluate(const BatchStream& data) {
-  GemmaModel m = inference_model();
+LossSums Trainer::train_step(const Batch& batch, double learning_rate) { return optimizer_step({batch}, learning_rate); }
+
+void Trainer::set_options(const FitOptions& options) {
+  const AdamWOptions adamw = options_.adamw;
+  options_ = options;
+  options_.adamw = adamw;
+}
+
+EpochMetrics Trainer::evaluate(const BatchStream& data) { return evaluate_model(inference_model(), data); }
+
+EpochMetrics evaluate_model(const GemmaModel& m, const BatchStream& data) {
   double loss_sum = 0, examples = 0, correct = 0, weight = 0;
   for (size_t s = 0; s < data.steps_per_epoch(); ++s) {
     Batch batch = data.batch(0, s);
@@ -72,6 +83,7 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::vector<TrainingLog
   if (options_.max_steps > 0) total_steps = std::min(total_steps, options_.max_steps);
   EpochMetrics metrics{epoch_examples_ > 0 ? epoch_loss_sum_ / epoch_examples_ : 0,
                        epoch_weight_ > 0 ? epoch_correct_ / epoch_weight_ : 0};
+  interrupted_ = false;
   for (TrainingLog* log : logs) log->run_begin(step_, total_steps, options_.epochs);
 
   while (step_ < total_steps) {
@@ -81,22 +93,16 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::vector<TrainingLog
     for (TrainingLog* log : logs) log->epoch_begin(epoch + 1, options_.epochs, last);
     for (int64_t s = first; s < last; ++s) {
       const auto t0 = std::chrono::steady_clock::now();
-      zero_gradients();
-      const int64_t b0 = s * k, b1 = std::min(batches, b0 + k);
-      LossSums sums;
+      std::vector<Batch> micro_batches;
       double examples = 0, tokens = 0;
-      int64_t seq_len = 1;
-      for (int64_t b = b0; b < b1; ++b) {
-        Batch batch = data.batch(size_t(epoch), size_t(b));
-        accumulate_gradients(batch, 1.0 / double(batch.batch_size * batch.seq_len * (b1 - b0)), sums);
-        examples += double(batch.batch_size);
-        tokens += double(batch.batch_size * batch.seq_len);
-        seq_len = batch.seq_len;
+      for (int64_t b = s * k; b < std::min(batches, s * k + k); ++b) {
+        micro_batches.push_back(data.batch(size_t(epoch), size_t(b)));
+        examples += double(micro_batches.back().batch_size);
+        tokens += double(micro_batches.back().batch_size * micro_batches.back().seq_len);
       }
-      finish_gradients(sums);  // sums now cover the whole (global) batch
-      const double batch_loss_times_b = sums.weighted_ce / double(seq_len);  // (Σw·CE/(B·T))·B
       const double lr = options_.schedule.at(step_);
-      apply_update(lr);
+      const LossSums sums = optimizer_step(micro_batches, lr);
+      const double batch_loss_times_b = sums.weighted_ce / double(micro_batches.back().seq_len);  // (Σw·CE/(B·T))·B
       epoch_loss_sum_ += batch_loss_times_b;
       epoch_examples_ += examples;
       epoch_correct_ += sums.weighted_correct;

@@ -47,6 +47,9 @@ struct EpochMetrics {
   double loss = 0, accuracy = 0;  // running epoch means, as Keras displays them
 };
 
+// Mean loss/accuracy of `model` over a data set (Keras' evaluate): nothing is updated.
+EpochMetrics evaluate_model(const GemmaModel& model, const BatchStream& data);
+
 class Trainer {
  public:
   // LoRA when `lora` has adapters (base weights frozen), else full-parameter training (every
@@ -60,6 +63,11 @@ class Trainer {
                    const std::atomic<bool>* stop_requested = nullptr);
   // Mean loss/accuracy over a data set without updating anything.
   EpochMetrics evaluate(const BatchStream& data);
+
+  // The run's options; set_options changes how long the next fit() runs, its schedule and its
+  // checkpoints (the optimizer's settings are fixed when the Trainer is made).
+  const FitOptions& options() const { return options_; }
+  void set_options(const FitOptions& options);
 
   // One optimizer step on one batch (no accumulation); returns the batch's loss sums.
   LossSums train_step(const Batch& batch, double learning_rate);
@@ -112,6 +120,9 @@ class Trainer {
   void finish_gradients(LossSums& sums);  // sum over the batch axis, cut blocks
   void apply_update(double lr);           // AdamW on blocks, then refresh whole copies
   void zero_gradients();
+  // One optimizer step over the micro-batches of a (global) batch: their gradients accumulated,
+  // summed over the mesh, AdamW applied. fit() and train_step() both take their steps here.
+  LossSums optimizer_step(const std::vector<Batch>& micro_batches, double learning_rate);
   std::vector<CheckpointTensor> checkpoint_tensors() const;
   CheckpointState checkpoint_state() const;
 

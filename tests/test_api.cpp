@@ -1,0 +1,221 @@
+// The library API (api/causal_lm.h) against the Keras fixtures and against the command line: the
+// tutorial's verbs — from_preset, variables and summary, enable_lora, load_lora_weights, generate,
+// compile + fit with callbacks, evaluate, save — and its errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "api/causal_lm.h"
+#include "core/error.h"
+#include "io/npy.h"
+#include "store/lora_files.h"
+#include "test_util.h"
+
+using namespace meshtune;
+using namespace meshtune::testing;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTiny = fixture("keras/preset-gemma-tiny");
+const std::string kLoraDir = "keras/lora-gemma-tiny/";
+
+std::string quote(const std::string& s) { return "'" + s + "'"; }
+
+api::PresetOptions quiet() {
+  static std::ostringstream sink;  // the loading notes, out of the test log
+  api::PresetOptions o;
+  o.notes = &sink;
+  return o;
+}
+
+api::GemmaCausalLM tiny() { return api::GemmaCausalLM::from_preset(kTiny, quiet()); }
+
+// The tutorial's fit on the built-in sample reviews, as `finetune --steps N` runs it.
+api::FitRunOptions steps(int64_t n) {
+  api::FitRunOptions run;
+  run.epochs = 0;
+  run.steps = n;
+  run.batch_size = 2;
+  run.sequence_length = 32;
+  return run;
+}
+
+// Records Keras' on_train_batch_end logs and stops the run after `stop_after` steps.
+class Recorder : public api::Callback {
+ public:
+  Recorder(api::GemmaCausalLM* model, int64_t stop_after) : model_(model), stop_after_(stop_after) {}
+  void step_end(const StepReport& r) override {
+    losses.push_back(r.loss);
+    if (model_ && r.step == stop_after_) model_->stop_training();
+  }
+  std::vector<double> losses;
+
+ private:
+  api::GemmaCausalLM* model_;
+  int64_t stop_after_;
+};
+
+TEST(Api, GenerateGivesKerasStrings) {
+  const api::GemmaCausalLM lm = tiny();
+  const json summary = json::parse(read_text_file(fixture("keras/summary-gemma-tiny.json")));
+  std::vector<std::string> prompts;
+  for (const auto& p : summary["generate_strings"]["prompts"]) prompts.push_back(p);
+  GenerateOptions options = lm.default_generate_options();
+  options.max_length = 10;
+  const std::vector<GeneratedText> out = lm.generate(prompts, options);
+  ASSERT_EQ(out.size(), prompts.size());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i].text, summary["generate_strings"]["outputs"][i]) << i;
+}
+
+TEST(Api, VariablesAfterEnableLoraAreKerasOnes) {
+  api::GemmaCausalLM lm = tiny();
+  lm.enable_lora({2, {"query", "value"}, 0, 0});
+  const json info = load_json(fixture(kLoraDir + "lora_info.json"));
+  const std::vector<api::VariableInfo> vars = lm.variables();
+  std::map<std::string, const api::VariableInfo*> by_path;
+  for (const api::VariableInfo& v : vars) by_path[v.path] = &v;
+  size_t checked = 0;
+  for (const auto& v : info["variables_after_enable_lora"]) {
+    const std::string path = v["path"];
+    if (!by_path.count(path)) continue;
+    const api::VariableInfo& ours = *by_path[path];
+    EXPECT_EQ(ours.shape, v["shape"].get<Shape>()) << path;
+    EXPECT_EQ(ours.trainable, v["trainable"].get<bool>()) << path;
+    ++checked;
+  }
+  EXPECT_GT(checked, 10u);
+  const api::ParameterSummary s = lm.summary();
+  EXPECT_EQ(s.total, s.trainable + s.non_trainable);
+  EXPECT_EQ(s.trainable, info["trainable_params_after_enable_lora"].get<long long>());
+  EXPECT_EQ(s.non_trainable, info["non_trainable_params_after_enable_lora"].get<long long>());
+}
+
+TEST(Api, LoadLoraWeightsGivesKerasLogits) {
+  api::GemmaCausalLM lm = tiny();
+  lm.load_lora_weights(fixture(kLoraDir + "adapter.lora.h5"));
+  const std::vector<int32_t> ids = npy_ints(fixture("keras/outputs-gemma-tiny/token_ids.npy"));
+  const std::vector<int32_t> mask = npy_ints(fixture("keras/outputs-gemma-tiny/padding_mask.npy"));
+  const int64_t B = 3, T = int64_t(ids.size()) / 3;
+  std::vector<float> hidden, logits;
+  lm.logits(ids, mask, B, T, &hidden, &logits);
+  const double dl = max_diff_valid(logits, npy_floats(fixture(kLoraDir + "logits_with_random_lora.npy")), mask,
+                                   size_t(lm.config().vocab_size));
+  const double dh = max_diff_valid(hidden, npy_floats(fixture(kLoraDir + "hidden_states_with_random_lora.npy")), mask,
+                                   size_t(lm.config().hidden_dim));
+  EXPECT_LT(dl, 1e-4);
+  EXPECT_LT(dh, 1e-4);
+}
+
+TEST(Api, FitEqualsTheCommandLine) {
+  const std::string dir = make_temp_dir("api-fit-cli");
+  const CommandResult cli = run_meshtune("finetune " + quote(kTiny) +
+                                         " --data sample --steps 3 --seq-len 32 --no-progress --out " + quote(dir));
+  ASSERT_EQ(cli.exit_code, 0) << cli.err;
+  const json result = json::parse(cli.out.substr(cli.out.rfind('{')));
+
+  api::GemmaCausalLM lm = tiny();
+  lm.enable_lora();
+  lm.compile({});
+  const api::History h = lm.fit(load_dataset("sample"), steps(3));
+  EXPECT_EQ(h.steps, 3);
+  EXPECT_FALSE(h.interrupted);
+  ASSERT_EQ(h.loss.size(), 1u);
+  EXPECT_EQ(h.loss.back(), result["loss"].get<double>());
+  EXPECT_EQ(h.accuracy.back(), result["accuracy"].get<double>());
+  EXPECT_EQ(h.trainable_params, result["trainable_params"].get<long long>());
+  // The adapter written through the API is the CLI's, value for value.
+  lm.save_lora_weights(dir + "/api.lora.h5");
+  const LoraWeights ours = load_keras_lora(dir + "/api.lora.h5", lm.config());
+  const LoraWeights cli_adapter = load_keras_lora(dir + "/adapter.lora.h5", lm.config());
+  ASSERT_EQ(ours.adapters.size(), cli_adapter.adapters.size());
+  for (size_t i = 0; i < ours.adapters.size(); ++i) {
+    EXPECT_EQ(ours.adapters[i].a, cli_adapter.adapters[i].a) << i;
+    EXPECT_EQ(ours.adapters[i].b, cli_adapter.adapters[i].b) << i;
+  }
+}
+
+TEST(Api, ACallbackStopsTrainingAndASecondFitContinues) {
+  const Dataset data = load_dataset("sample");
+  api::GemmaCausalLM straight = tiny();
+  straight.enable_lora();
+  straight.compile({});
+  Recorder all(nullptr, 0);
+  straight.fit(data, steps(4), {&all});
+  ASSERT_EQ(all.losses.size(), 4u);
+
+  api::GemmaCausalLM stopped = tiny();
+  stopped.enable_lora();
+  stopped.compile({});
+  Recorder first(&stopped, 2);
+  const api::History h = stopped.fit(data, steps(4), {&first});
+  EXPECT_TRUE(h.interrupted);
+  EXPECT_EQ(h.steps, 2);
+  // A later fit trains `steps` more from where the first stopped, with the same optimizer state:
+  // the same steps as one run of 4.
+  Recorder second(nullptr, 0);
+  const api::History h2 = stopped.fit(data, steps(2), {&second});
+  EXPECT_EQ(h2.steps, 4);
+  EXPECT_FALSE(h2.interrupted);
+  std::vector<double> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, all.losses);
+  // After training, generate and evaluate use the trained adapter; evaluate changes nothing.
+  const EpochMetrics e1 = stopped.evaluate(data, steps(1)), e2 = stopped.evaluate(data, steps(1));
+  EXPECT_EQ(e1.loss, e2.loss);
+  EXPECT_TRUE(std::isfinite(e1.loss));
+  EXPECT_FALSE(stopped.generate({"The"}, stopped.default_generate_options()).empty());
+}
+
+TEST(Api, FullFineTuningSavesAPresetThatLoads) {
+  const std::string dir = make_temp_dir("api-full");
+  api::GemmaCausalLM lm = tiny();
+  lm.compile({});
+  lm.set_sequence_length(32);
+  const api::History h = lm.fit(load_dataset("sample"), steps(2));
+  EXPECT_EQ(h.trainable_params, lm.config().num_parameters());
+  lm.save_to_preset(dir + "/model");
+  const api::GemmaCausalLM again = api::GemmaCausalLM::from_preset(dir + "/model", quiet());
+  EXPECT_EQ(again.sequence_length(), 32);
+  // The saved weights are the trained ones: the same loss on the same data.
+  EXPECT_EQ(again.evaluate(load_dataset("sample"), steps(1)).loss, lm.evaluate(load_dataset("sample"), steps(1)).loss);
+}
+
+TEST(Api, ErrorsAreExceptionsNamingTheRule) {
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  api::PresetOptions bad = quiet();
+  bad.dtype_policy = "float16";
+  EXPECT_NE(message([&] { api::GemmaCausalLM::from_preset(kTiny, bad); }).find("mixed_bfloat16"), std::string::npos);
+  EXPECT_NE(message([&] { api::GemmaCausalLM::from_preset("/nonexistent/model", quiet()); }).find("/nonexistent/model"),
+            std::string::npos);
+  api::GemmaCausalLM lm = tiny();
+  EXPECT_NE(message([&] { lm.enable_lora({0}); }).find("rank"), std::string::npos);
+  EXPECT_NE(message([&] { lm.fit(load_dataset("sample"), steps(1)); }).find("compile"), std::string::npos);
+  api::CompileOptions nan_lr;
+  nan_lr.learning_rate = std::nan("");
+  EXPECT_NE(message([&] { lm.compile(nan_lr); }).find("--lr"), std::string::npos);
+  api::CompileOptions beta;
+  beta.beta_1 = 1;
+  EXPECT_NE(message([&] { lm.compile(beta); }).find("[0, 1)"), std::string::npos);
+  EXPECT_NE(message([&] { lm.set_sequence_length(0); }).find("--seq-len"), std::string::npos);
+  EXPECT_NE(message([&] { lm.save_lora_weights("/tmp/x.lora.h5"); }).find("enable_lora"), std::string::npos);
+  lm.enable_lora();
+  lm.compile({});
+  lm.fit(load_dataset("sample"), steps(1));
+  EXPECT_NE(message([&] { lm.enable_lora(); }).find("before the first fit"), std::string::npos);
+  GenerateOptions zero = lm.default_generate_options();
+  zero.max_length = 0;
+  EXPECT_NE(message([&] { lm.generate({"x"}, zero); }).find("max_length"), std::string::npos);
+}
+
+}  // namespace
