@@ -98,8 +98,9 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
     // would need a float copy of W and re-quantizing changes the numbers). Under a mesh it is
     // applied to each process' part when the compute model is made (inference_model).
     const bool low_rank = lm.model_.has_int8() || lm.mesh_;
-    lm.notes() << (low_rank ? "attached" : "merged") << " LoRA adapter " << options.lora << " (rank " << adapter.rank
-               << ", " << adapter.num_parameters() << " parameters)\n";
+    lm.notes() << (lm.mesh_ ? "will apply" : low_rank ? "attached" : "merged") << " LoRA adapter " << options.lora
+               << " (rank " << adapter.rank << ", " << adapter.num_parameters() << " parameters)"
+               << (lm.mesh_ ? " to each process' part\n" : "\n");
     if (low_rank) {
       lm.attached_ = std::make_unique<LoraWeights>(std::move(adapter));
       if (!lm.mesh_) attach_lora(lm.model_, *lm.attached_, lm.config_);
