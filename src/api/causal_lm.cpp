@@ -41,9 +41,14 @@ bool GemmaCausalLM::is_main_process() const { return mesh_ ? mesh_->comm().rank(
 
 std::string GemmaCausalLM::distribution_summary() const { return mesh_ ? plan_.summary : std::string(); }
 
+// The error for a model directory without the tokenizer file its format has.
+static void check_tokenizer_file(const ModelDir& dir, bool present) {
+  check(present, dir.path, ": no tokenizer (",
+        dir.format == ModelFormat::Keras ? "assets/tokenizer/vocabulary.spm" : "tokenizer.model", ")");
+}
+
 const Tokenizer& GemmaCausalLM::tokenizer() const {
-  check(tokenizer_ != nullptr, dir_.path, ": no tokenizer (",
-        dir_.format == ModelFormat::Keras ? "assets/tokenizer/vocabulary.spm" : "tokenizer.model", ")");
+  check_tokenizer_file(dir_, tokenizer_ != nullptr);
   return *tokenizer_;
 }
 
@@ -116,8 +121,7 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
     lm.stored_dtypes_.push_back(w ? w->dtype : DType::F32);
   }
   if (options.need_tokenizer) {
-    check(!lm.dir_.tokenizer_path.empty(), lm.dir_.path, ": no tokenizer (",
-          lm.dir_.format == ModelFormat::Keras ? "assets/tokenizer/vocabulary.spm" : "tokenizer.model", ")");
+    check_tokenizer_file(lm.dir_, !lm.dir_.tokenizer_path.empty());
     lm.tokenizer_ = std::make_unique<Tokenizer>(lm.dir_.tokenizer_path);
     check(lm.tokenizer_->vocab_size() <= lm.config_.vocab_size, lm.dir_.tokenizer_path, ": the tokenizer has ",
           lm.tokenizer_->vocab_size(), " pieces but ", lm.dir_.config_path, " says vocabulary_size ",
@@ -236,9 +240,7 @@ GemmaModel GemmaCausalLM::inference_model() const {
   if (mesh_) {
     // This process' part: its blocks as the plan computes with them (shallow copies of the
     // weights: the blocks are shared with model_, which fit() hands to the trainer).
-    if (!sharded_)
-      const_cast<GemmaCausalLM*>(this)->sharded_ =
-          std::make_unique<ShardedModel>(model_, distribution_.layout, *mesh_, plan_);
+    if (!sharded_) sharded_ = std::make_unique<ShardedModel>(model_, distribution_.layout, *mesh_, plan_);
     GemmaModel m = sharded_->compute_model(/*by_layer=*/false);
     if (!adapter) return m;
     if (m.has_int8()) {
@@ -393,8 +395,7 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
           ": int8 weights are frozen (as in Keras): train them with LoRA (enable_lora, --lora-rank), not all weights (--full)");
     check(lora_ || !base_rounded_to_bf16_, "training every weight under ", options_.dtype_policy,
           " needs the weights kept as stored at load (PresetOptions::train_all_weights; finetune --full sets it)");
-    check(!(mesh_ && attached_), "fit: the adapter given at load (", options_.lora,
-          ") is for inference under a mesh; continue training from it with load_lora_weights (--lora-init)");
+    check_before_fit("fit");
     check(!(run.resume && run.checkpoint_path.empty()), "fit: resume needs a checkpoint path");
     FitOptions fit;
     fit.grad_accumulation = run.grad_accumulation;

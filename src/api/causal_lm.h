@@ -203,7 +203,7 @@ class GemmaCausalLM {
   // The weights: `model_` as loaded until the first fit (under a mesh `sharded_` holds them once
   // generate needed the compute model), then the trainer's.
   GemmaModel model_;
-  std::unique_ptr<ShardedModel> sharded_;
+  mutable std::unique_ptr<ShardedModel> sharded_;  // made on first use by inference_model (a cache)
   std::unique_ptr<LoraWeights> attached_;  // an adapter loaded with the preset kept as low-rank terms (int8 base)
   bool base_rounded_to_bf16_ = false;      // the policy stored the matrices as bf16 at load
   std::optional<LoraWeights> lora_;        // enabled for training
