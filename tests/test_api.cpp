@@ -100,8 +100,8 @@ TEST(Api, LoadLoraWeightsGivesKerasLogits) {
   const std::vector<int32_t> ids = npy_ints(fixture("keras/outputs-gemma-tiny/token_ids.npy"));
   const std::vector<int32_t> mask = npy_ints(fixture("keras/outputs-gemma-tiny/padding_mask.npy"));
   const int64_t B = 3, T = int64_t(ids.size()) / 3;
-  std::vector<float> hidden, logits;
-  lm.logits(ids, mask, B, T, &hidden, &logits);
+  std::vector<float> hidden, logits(size_t(B * T) * size_t(lm.config().vocab_size));
+  lm.logits(ids, mask, B, T, &hidden, logits.data());
   const double dl = max_diff_valid(logits, npy_floats(fixture(kLoraDir + "logits_with_random_lora.npy")), mask,
                                    size_t(lm.config().vocab_size));
   const double dh = max_diff_valid(hidden, npy_floats(fixture(kLoraDir + "hidden_states_with_random_lora.npy")), mask,

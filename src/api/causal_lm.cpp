@@ -281,7 +281,7 @@ std::vector<GeneratedText> GemmaCausalLM::generate(const std::vector<std::string
 }
 
 void GemmaCausalLM::logits(const std::vector<int32_t>& ids, const std::vector<int32_t>& mask, int64_t B, int64_t T,
-                           std::vector<float>* hidden, std::vector<float>* logits) const {
+                           std::vector<float>* hidden, float* logits) const {
   check(B > 0 && T > 0 && int64_t(ids.size()) == B * T, "logits: ", ids.size(), " token ids for a [", B, ", ", T,
         "] batch");
   check(mask.empty() || mask.size() == ids.size(), "logits: the padding mask has ", mask.size(), " values, the ids ",
@@ -290,10 +290,7 @@ void GemmaCausalLM::logits(const std::vector<int32_t>& ids, const std::vector<in
   KVCache cache(m.config, B, T);
   for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = mask[i] != 0;
   std::vector<float> h = backbone_forward(m, ids.data(), B, T, 0, cache);
-  if (logits) {
-    logits->resize(size_t(B * T) * size_t(config_.vocab_size));
-    lm_head(m, h.data(), B * T, logits->data());
-  }
+  if (logits) lm_head(m, h.data(), B * T, logits);
   if (hidden) *hidden = std::move(h);
 }
 

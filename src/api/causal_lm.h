@@ -159,10 +159,11 @@ class GemmaCausalLM {
   std::vector<GeneratedText> generate(const std::vector<std::string>& prompts, GenerateOptions options) const;
   // generate's defaults: max_length = the preset's sequence_length, the preset's stop tokens.
   GenerateOptions default_generate_options() const;
-  // Scores whole sequences: hidden states after the final norm [B·T, D] and logits [B·T, V]
-  // (either output may be null). mask: 1 = token, 0 = padding ([B·T], empty = all tokens).
+  // Scores whole sequences: hidden states after the final norm [B·T, D] and logits into the
+  // caller's [B·T, V] floats (either output may be null: the logits are the large one, written once
+  // where the caller wants them). mask: 1 = token, 0 = padding ([B·T], empty = all tokens).
   void logits(const std::vector<int32_t>& ids, const std::vector<int32_t>& mask, int64_t B, int64_t T,
-              std::vector<float>* hidden, std::vector<float>* logits) const;
+              std::vector<float>* hidden, float* logits) const;
 
   void compile(const CompileOptions& options);
   // Trains on `data` (texts, prompt/response pairs, conversations or token ids); may be called

@@ -65,15 +65,16 @@ Runner add_logits_command(CLI::App& app) {
     for (size_t i = 0; i < ids.size(); ++i)
       check(ids[i] >= 0 && ids[i] < c.vocab_size, o->token_ids, ": token id ", ids[i], " at [", int64_t(i) / T, ", ",
             int64_t(i) % T, "] is outside the vocabulary (size ", c.vocab_size, ")");
-    std::vector<float> hidden, logits;
-    lm.logits(ids, mask, B, T, o->hidden_states.empty() ? nullptr : &hidden, o->out.empty() ? nullptr : &logits);
-    auto write = [](const std::string& path, const std::vector<float>& values, Shape shape) {
-      HostTensor t = HostTensor::allocate(DType::F32, std::move(shape));
-      std::copy(values.begin(), values.end(), t.mutable_as<float>());
-      write_npy(path, t);
-    };
-    if (!o->hidden_states.empty()) write(o->hidden_states, hidden, {B, T, c.hidden_dim});
-    if (!o->out.empty()) write(o->out, logits, {B, T, c.vocab_size});
+    std::vector<float> hidden;
+    HostTensor logits = HostTensor::allocate(DType::F32, {B, T, o->out.empty() ? 0 : c.vocab_size});
+    lm.logits(ids, mask, B, T, o->hidden_states.empty() ? nullptr : &hidden,
+              o->out.empty() ? nullptr : logits.mutable_as<float>());
+    if (!o->hidden_states.empty()) {
+      HostTensor h = HostTensor::allocate(DType::F32, {B, T, c.hidden_dim});
+      std::copy(hidden.begin(), hidden.end(), h.mutable_as<float>());
+      write_npy(o->hidden_states, h);
+    }
+    if (!o->out.empty()) write_npy(o->out, logits);
     return 0;
   };
 }
