@@ -374,7 +374,7 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
   check(compiled_.has_value(), "fit: call compile (the optimizer) first");
   check(run.batch_size >= 1, "batch size (--batch-size) must be at least 1, got ", run.batch_size);
   check(run.sequence_length >= 0, "sequence length (--seq-len) must be at least 1, got ", run.sequence_length);
-  check(run.epochs >= 0, "epochs (--epochs) must be at least 1, got ", run.epochs);
+  check(run.epochs >= 0, "epochs (--epochs) must not be negative, got ", run.epochs);
   check(run.steps >= 0, "steps (--steps) must not be negative, got ", run.steps);
   check(run.epochs > 0 || run.steps > 0, "fit: give epochs or steps");
   check(run.grad_accumulation >= 1, "gradient accumulation (--grad-accum) must be at least 1, got ",
@@ -387,7 +387,8 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
   const int64_t run_steps = run.epochs == 0 ? run.steps
                             : run.steps > 0 ? std::min<int64_t>(run.steps, steps_per_epoch * run.epochs)
                                             : steps_per_epoch * run.epochs;
-  if (!trainer_) {
+  const bool first_fit = !trainer_;
+  if (first_fit) {
     check(lora_ || !model_.has_int8(), dir_.path,
           ": int8 weights are frozen (as in Keras): train them with LoRA (enable_lora, --lora-rank), not all weights (--full)");
     check(lora_ || !base_rounded_to_bf16_, "training every weight under ", options_.dtype_policy,
@@ -395,7 +396,6 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
     check_before_fit("fit");
     check(!(run.resume && run.checkpoint_path.empty()), "fit: resume needs a checkpoint path");
     FitOptions fit;
-    fit.grad_accumulation = run.grad_accumulation;
     fit.adamw.learning_rate = compiled_->learning_rate;
     fit.adamw.weight_decay = compiled_->weight_decay;
     fit.adamw.beta_1 = compiled_->beta_1;
@@ -433,18 +433,17 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
   // The first fit (and a resumed one) runs to its own end; a later fit trains `run_steps` more.
   FitOptions fit = trainer_->options();
   const int64_t first = trainer_->step();
-  const bool later_fit = fits_ > 0;
-  fit.epochs = later_fit ? 0 : run.epochs;
-  fit.max_steps = later_fit ? first + run_steps : run.steps;
+  fit.epochs = first_fit ? run.epochs : 0;
+  fit.max_steps = first_fit ? run.steps : first + run_steps;
+  fit.grad_accumulation = run.grad_accumulation;
   fit.checkpoint_path = run.checkpoint_path;
   fit.checkpoint_every = run.checkpoint_every;
   fit.schedule.kind = compiled_->schedule;
   fit.schedule.base = compiled_->learning_rate;
   fit.schedule.warmup_steps = compiled_->warmup_steps;
-  fit.schedule.total_steps = later_fit ? first + run_steps : run_steps;
+  fit.schedule.total_steps = first_fit ? run_steps : first + run_steps;
   fit.schedule.final_fraction = compiled_->final_lr_fraction;
   trainer_->set_options(fit);
-  ++fits_;
 
   History history;
   HistoryRecorder recorder(history);

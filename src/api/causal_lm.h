@@ -209,8 +209,7 @@ class GemmaCausalLM {
   bool base_rounded_to_bf16_ = false;      // the policy stored the matrices as bf16 at load
   std::optional<LoraWeights> lora_;        // enabled for training
   std::optional<CompileOptions> compiled_;
-  std::unique_ptr<Trainer> trainer_;
-  int fits_ = 0;
+  std::unique_ptr<Trainer> trainer_;  // made by the first fit
   std::unique_ptr<std::atomic<bool>> stop_ = std::make_unique<std::atomic<bool>>(false);
 };
 
