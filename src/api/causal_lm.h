@@ -7,11 +7,8 @@
 // one-line notes of loading and training go to the `notes` stream of PresetOptions (stderr by
 // default, rank 0 only under a mesh).
 //
-//   auto lm = GemmaCausalLM::from_preset("gemma_2b_en", {.dtype_policy = "mixed_bfloat16"});
-//   lm.enable_lora({.rank = 4});
-//   lm.compile({.learning_rate = 5e-5, .weight_decay = 0.01, .exclude_from_weight_decay = {"bias", "scale"}});
-//   History h = lm.fit(Dataset, {.epochs = 1, .batch_size = 2, .sequence_length = 128}, {&progress});
-//   lm.generate({"Best comedy movies in the 90s "}, {.max_length = 64});
+// examples/tutorial.cpp is the tutorial written against it: from_preset → variables → generate →
+// enable_lora → compile → fit (with Keras' progress bar as a callback) → generate.
 #pragma once
 #include <atomic>
 #include <memory>
