@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "backend/reference_backend.h"
 #include "kernels/cpu/features.h"
 #include "kernels/cpu/int8_dot.h"
 #include "kernels/cpu/onednn.h"
@@ -138,7 +139,7 @@ int main(int argc, char** argv) {
         report(s, "int8", impl, threads, seconds, {{"equal_to_reference", equal}});
       };
       set_cpu_path(best);
-      linear_int8_reference(x.data(), s.M, W, want.data());
+      ReferenceBackend().linear(x, s.M, W, want, MatmulPrecision::F32);
       use_onednn_for_int8(false);  // our kernels at every row count
       for (CpuPath path : supported_cpu_paths()) {
         set_cpu_path(path);

@@ -50,7 +50,7 @@ TEST_P(Bf16Matmul, ForwardAndInputGradientEqualThePlainLoopOverRoundedInputs) {
           const std::vector<float> x = random_vector(size_t(M * cols), uint32_t(cols + M));
           std::vector<float> y(size_t(M * rows)), want(y.size());
           linear(x.data(), M, W, y.data(), MatmulPrecision::BF16);
-          linear_reference(x.data(), M, W, want.data(), MatmulPrecision::BF16);
+          reference_linear(x.data(), M, W, want.data(), MatmulPrecision::BF16);
           std::vector<double> scale(y.size());
           for (int64_t m = 0; m < M; ++m)
             for (int64_t r = 0; r < rows; ++r)

@@ -54,7 +54,7 @@ void expect_every_shape_equals_reference() {
         const std::vector<float> x = random_vector(size_t(M * cols), uint32_t(M * 7 + cols));
         std::vector<float> y(size_t(M * rows), NAN), ref(size_t(M * rows));
         linear(x.data(), M, w, y.data());
-        linear_int8_reference(x.data(), M, w, ref.data());
+        reference_linear(x.data(), M, w, ref.data());
         int failures = 0;
         for (size_t i = 0; i < y.size() && failures < 3; ++i)
           if (!bit_equal(y[i], ref[i])) {
@@ -110,7 +110,7 @@ TEST(Int8Linear, TooWideForInt32SumsIsAnError) {
   WeightMatrix codes = random_int8_matrix(1, kMaxInt8Columns, 9);  // the widest allowed works
   std::vector<float> x(kMaxInt8Columns, 1.f), y(1), ref(1);
   linear(x.data(), 1, codes, y.data());
-  linear_int8_reference(x.data(), 1, codes, ref.data());
+  reference_linear(x.data(), 1, codes, ref.data());
   EXPECT_TRUE(bit_equal(y[0], ref[0]));
   codes.cols = kMaxInt8Columns + 1;  // a hostile view
   EXPECT_THROW(linear_int8(x.data(), 1, codes, y.data()), Error);

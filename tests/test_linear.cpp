@@ -15,9 +15,12 @@
 #include "cpu_path_test.h"
 #include "kernels/cpu/features.h"
 #include "kernels/linear.h"
+#include "test_util.h"
 
 namespace meshtune {
 namespace {
+
+using testing::reference_linear;
 
 WeightMatrix random_weights(int64_t rows, int64_t cols, DType dtype, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -59,7 +62,7 @@ void expect_matches_reference(int64_t M, int64_t rows, int64_t cols, DType dtype
   const std::vector<float> x = random_input(M, cols, uint32_t(M * 7 + cols));
   std::vector<float> y(static_cast<size_t>(M * rows), NAN), ref(static_cast<size_t>(M * rows));
   linear(x.data(), M, w, y.data());
-  linear_reference(x.data(), M, w, ref.data());
+  reference_linear(x.data(), M, w, ref.data());
   int failures = 0;
   for (int64_t m = 0; m < M && failures < 5; ++m)
     for (int64_t r = 0; r < rows && failures < 5; ++r) {
@@ -120,7 +123,7 @@ TEST_P(Linear, InsideParallelRegion) {
   const WeightMatrix w = random_weights(61, 257, DType::BF16, 5);
   const std::vector<float> x = random_input(5, 257, 6);
   std::vector<float> ref(5 * 61);
-  linear_reference(x.data(), 5, w, ref.data());
+  reference_linear(x.data(), 5, w, ref.data());
   std::vector<std::vector<float>> ys(2, std::vector<float>(5 * 61, NAN));
 #pragma omp parallel for num_threads(2)
   for (int i = 0; i < 2; ++i) linear(x.data(), i == 0 ? 1 : 5, w, ys[size_t(i)].data());

@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "backend/reference_backend.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -129,6 +131,11 @@ double cosine_similarity(const std::vector<float>& a, const std::vector<float>& 
     bb += double(b[k]) * b[k];
   }
   return dot / std::sqrt(aa * bb);
+}
+
+void reference_linear(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision) {
+  ReferenceBackend reference;
+  reference.linear(ConstFloats(x, size_t(M * W.cols)), M, W, Floats(y, size_t(M * W.rows)), precision);
 }
 
 }  // namespace meshtune::testing

@@ -46,6 +46,10 @@ PromptRows read_prompt_rows(const std::string& ids_path, const std::string& mask
 double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
                       size_t width);
 
+// y[M, W.rows] = x·Wᵀ as ReferenceBackend computes it (plain loops: the oracle of the kernel tests).
+void reference_linear(const float* x, int64_t M, const WeightMatrix& W, float* y,
+                      MatmulPrecision precision = MatmulPrecision::F32);
+
 // n values ~ N(0, scale²), reproducible from `seed`.
 std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.f);
 

@@ -125,16 +125,4 @@ void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y, con
   }
 }
 
-void linear_int8_reference(const float* x, int64_t M, const WeightMatrix& W, float* y) {
-  std::vector<int8_t> codes(static_cast<size_t>(W.cols));
-  for (int64_t m = 0; m < M; ++m) {
-    const float sx = quantize_int8(x + m * W.cols, W.cols, codes.data());
-    for (int64_t r = 0; r < W.rows; ++r) {
-      int64_t acc = 0;
-      for (int64_t c = 0; c < W.cols; ++c) acc += int64_t(codes[size_t(c)]) * int64_t(W.i8()[r * W.cols + c]);
-      y[m * W.rows + r] = float(acc) / (sx * W.scales[r]);
-    }
-  }
-}
-
 }  // namespace meshtune

@@ -46,7 +46,4 @@ void linear_int8(const float* x, int64_t M, const WeightMatrix& W, float* y, con
 void use_onednn_for_int8(bool use);
 bool int8_uses_onednn(int64_t M);  // whether linear_int8 takes oneDNN for M rows
 
-// The same in plain loops, the reference the tests hold every path to (bit for bit).
-void linear_int8_reference(const float* x, int64_t M, const WeightMatrix& W, float* y);
-
 }  // namespace meshtune

@@ -42,17 +42,6 @@ WeightMatrix WeightMatrix::from_f32(int64_t rows, int64_t cols, std::vector<floa
   return m;
 }
 
-void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision) {
-  const bool bf16 = precision == MatmulPrecision::BF16 && W.dtype != DType::I8;
-  auto input = [bf16](float v) { return bf16 ? round_to_bf16(v) : v; };
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t r = 0; r < W.rows; ++r) {
-      double acc = 0;
-      for (int64_t c = 0; c < W.cols; ++c) acc += double(input(x[m * W.cols + c])) * input(W.at(r, c));
-      y[m * W.rows + r] = float(acc);
-    }
-}
-
 // Rows of x at or below which the matrix-vector path beats sgemm (W is streamed once).
 static constexpr int64_t kFewRows = 4;
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/tensor.h"
 
 namespace meshtune {
@@ -23,6 +24,7 @@ struct WeightMatrix {
   bool mapped = false;  // data lies in a memory-mapped file: a part may be shared without keeping
                         // heap memory alive (ShardedModel keeps such row blocks as views)
   const float* scales = nullptr;  // I8 only: [rows]
+  Device device = Device::Host;   // where data (and scales) are
 
   const float* f32() const { return static_cast<const float*>(data); }
   const uint16_t* bf16() const { return static_cast<const uint16_t*>(data); }
@@ -62,11 +64,6 @@ void use_onednn_for_bf16(bool use);
 
 // y[m, 0:rows] = Σ_k x[m, k] · W[r, k], for m < M. x is [M, cols], y is [M, rows], both row-major.
 void linear(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision = MatmulPrecision::F32);
-
-// The plain triple loop (double accumulation, inputs rounded as `precision` says): the reference
-// the tests compare `linear` against.
-void linear_reference(const float* x, int64_t M, const WeightMatrix& W, float* y,
-                      MatmulPrecision precision = MatmulPrecision::F32);
 
 // Backward of linear (y = x·Wᵀ, W [out, in]): dx = dy·W and dW = dyᵀ·x, through OpenBLAS. For I8,
 // dx uses the dequantized W and treats the activation quantizer as the identity (straight-through),

@@ -111,43 +111,4 @@ void low_rank_backward(const float* x, const float* dy, int64_t M, const LowRank
   }
 }
 
-void low_rank_forward_reference(const float* x, int64_t M, const LowRankTerm& t, float* y) {
-  const int64_t r = t.rank, out = t.out();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < t.groups; ++g)
-      for (int64_t o = 0; o < t.out_per_group; ++o) {
-        double acc = 0;
-        for (int64_t j = 0; j < r; ++j) {
-          double u = 0;
-          for (int64_t i = 0; i < t.in; ++i) u += double(x[m * t.in + i]) * t.a[g * t.a_group + i * t.a_row + j * t.a_col];
-          acc += u * t.b[j * t.b_row + o * t.b_col];
-        }
-        y[m * out + g * t.out_per_group + o] += float(t.scale * acc);
-      }
-}
-
-void low_rank_backward_reference(const float* x, const float* dy, int64_t M, const LowRankTerm& t, float* dx) {
-  const int64_t r = t.rank, out = t.out(), og = t.out_per_group;
-  for (int64_t g = 0; g < t.groups; ++g) {
-    auto A = [&](int64_t i, int64_t j) { return double(t.a[g * t.a_group + i * t.a_row + j * t.a_col]); };
-    auto B = [&](int64_t j, int64_t o) { return double(t.b[j * t.b_row + o * t.b_col]); };
-    for (int64_t m = 0; m < M; ++m) {
-      std::vector<double> u(static_cast<size_t>(r), 0.0), v(static_cast<size_t>(r), 0.0);
-      for (int64_t j = 0; j < r; ++j) {
-        for (int64_t i = 0; i < t.in; ++i) u[size_t(j)] += double(x[m * t.in + i]) * A(i, j);
-        for (int64_t o = 0; o < og; ++o) v[size_t(j)] += double(dy[m * out + g * og + o]) * B(j, o);
-      }
-      for (int64_t j = 0; j < r; ++j) {
-        for (int64_t i = 0; i < t.in; ++i) {
-          if (dx) dx[m * t.in + i] += float(t.scale * v[size_t(j)] * A(i, j));
-          if (t.grad_a) t.grad_a[g * t.a_group + i * t.a_row + j * t.a_col] += float(t.scale * double(x[m * t.in + i]) * v[size_t(j)]);
-        }
-        if (t.grad_b)
-          for (int64_t o = 0; o < og; ++o)
-            t.grad_b[j * t.b_row + o * t.b_col] += float(t.scale * u[size_t(j)] * double(dy[m * out + g * og + o]));
-      }
-    }
-  }
-}
-
 }  // namespace meshtune

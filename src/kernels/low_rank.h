@@ -35,8 +35,4 @@ void low_rank_forward(const float* x, int64_t M, const LowRankTerm& t, float* y)
 // grad_b += scale · (x · A_g)ᵀ · dy_g (summed over groups). dx may be null (no input gradient).
 void low_rank_backward(const float* x, const float* dy, int64_t M, const LowRankTerm& t, float* dx);
 
-// The plain loops (double accumulation) the tests compare both against.
-void low_rank_forward_reference(const float* x, int64_t M, const LowRankTerm& t, float* y);
-void low_rank_backward_reference(const float* x, const float* dy, int64_t M, const LowRankTerm& t, float* dx);
-
 }  // namespace meshtune

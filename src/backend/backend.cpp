@@ -1,0 +1,294 @@
+#include "backend/backend.h"
+
+#include "core/error.h"
+
+namespace meshtune {
+namespace {
+
+// Operand checks shared by every backend: on its device and long enough (count ≤ 0: not read).
+template <class E>
+void need(const Backend& backend, const Span<E>& s, int64_t count, const char* op, const char* operand) {
+  if (count <= 0) return;
+  check(s.data != nullptr, backend.name(), " backend: ", op, "'s ", operand, " is missing");
+  check(s.device == backend.device(), backend.name(), " backend: ", op, "'s ", operand, " is in ",
+        device_name(s.device), " memory, the backend computes in ", device_name(backend.device()), " memory");
+  check(s.size >= size_t(count), backend.name(), " backend: ", op, "'s ", operand, " holds ", s.size,
+        " values, ", count, " needed");
+}
+
+// An optional operand: empty, or checked as above.
+template <class E>
+E* optional(const Backend& backend, const Span<E>& s, int64_t count, const char* op, const char* operand) {
+  if (s.empty()) return nullptr;
+  need(backend, s, count, op, operand);
+  return s.data;
+}
+
+void need_matrix(const Backend& backend, const WeightMatrix& W, const char* op) {
+  check(W.data != nullptr && (W.dtype != DType::I8 || W.scales != nullptr), backend.name(), " backend: ", op,
+        "'s weight matrix is missing");
+  check(W.device == backend.device(), backend.name(), " backend: ", op, "'s weight matrix is in ",
+        device_name(W.device), " memory, the backend computes in ", device_name(backend.device()), " memory");
+}
+
+}  // namespace
+
+void* Backend::allocate(size_t bytes) {
+  ++allocations_;
+  return allocate_impl(bytes);
+}
+
+void Backend::release(void* p) { release_impl(p); }
+
+void Backend::upload(Span<const float> host, Floats device_values) {
+  check(host.device == Device::Host, name(), " backend: upload's source is not host memory");
+  need(*this, device_values, int64_t(host.size), "upload", "destination");
+  upload_impl(host.data, host.size, device_values.data);
+}
+
+void Backend::download(ConstFloats device_values, Span<float> host) {
+  check(host.device == Device::Host, name(), " backend: download's destination is not host memory");
+  need(*this, device_values, int64_t(host.size), "download", "source");
+  download_impl(device_values.data, host.size, host.data);
+}
+
+void Backend::linear(ConstFloats x, int64_t M, const WeightMatrix& W, Floats y, MatmulPrecision precision,
+                     ConstFloats x_row_max) {
+  need_matrix(*this, W, "linear");
+  need(*this, x, M * W.cols, "linear", "x");
+  need(*this, y, M * W.rows, "linear", "y");
+  linear_impl(x.data, M, W, y.data, precision, optional(*this, x_row_max, M, "linear", "x_row_max"));
+}
+
+void Backend::linear_backward_input(ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
+                                    MatmulPrecision precision) {
+  need_matrix(*this, W, "linear_backward_input");
+  need(*this, dy, M * W.rows, "linear_backward_input", "dy");
+  need(*this, dx, M * W.cols, "linear_backward_input", "dx");
+  linear_backward_input_impl(dy.data, M, W, dx.data, accumulate, precision);
+}
+
+void Backend::linear_backward_weight(ConstFloats dy, ConstFloats x, int64_t M, int64_t rows, int64_t cols,
+                                     Floats dW) {
+  need(*this, dy, M * rows, "linear_backward_weight", "dy");
+  need(*this, x, M * cols, "linear_backward_weight", "x");
+  need(*this, dW, rows * cols, "linear_backward_weight", "dW");
+  linear_backward_weight_impl(dy.data, x.data, M, rows, cols, dW.data);
+}
+
+void Backend::low_rank(ConstFloats x, int64_t M, const LowRankTerm& term, Floats y) {
+  if (!term.active()) return;
+  need(*this, x, M * term.in, "low_rank", "x");
+  need(*this, y, M * term.out(), "low_rank", "y");
+  low_rank_impl(x.data, M, term, y.data);
+}
+
+void Backend::low_rank_backward(ConstFloats x, ConstFloats dy, int64_t M, const LowRankTerm& term, Floats dx) {
+  if (!term.active()) return;
+  // x is only read for the gradients of A and B.
+  if (term.grad_a || term.grad_b) need(*this, x, M * term.in, "low_rank_backward", "x");
+  need(*this, dy, M * term.out(), "low_rank_backward", "dy");
+  low_rank_backward_impl(x.data, dy.data, M, term, optional(*this, dx, M * term.in, "low_rank_backward", "dx"));
+}
+
+void Backend::row_abs_max(ConstFloats x, int64_t rows, int64_t cols, Floats out) {
+  need(*this, x, rows * cols, "row_abs_max", "x");
+  need(*this, out, rows, "row_abs_max", "out");
+  row_abs_max_impl(x.data, rows, cols, out.data);
+}
+
+void Backend::rmsnorm(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, Floats y) {
+  need(*this, x, rows * dim, "rmsnorm", "x");
+  need(*this, scale, dim, "rmsnorm", "scale");
+  need(*this, y, rows * dim, "rmsnorm", "y");
+  rmsnorm_impl(x.data, scale.data, rows, dim, eps, y.data);
+}
+
+void Backend::rmsnorm_backward(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, ConstFloats dy,
+                               Floats dx, Floats dscale) {
+  need(*this, x, rows * dim, "rmsnorm_backward", "x");
+  need(*this, scale, dim, "rmsnorm_backward", "scale");
+  need(*this, dy, rows * dim, "rmsnorm_backward", "dy");
+  need(*this, dx, rows * dim, "rmsnorm_backward", "dx");
+  rmsnorm_backward_impl(x.data, scale.data, rows, dim, eps, dy.data, dx.data,
+                        optional(*this, dscale, dim, "rmsnorm_backward", "dscale"));
+}
+
+void Backend::rope(Floats x, int64_t tokens, int64_t heads, int64_t head_dim, Span<const int64_t> positions,
+                   float base, float scaling) {
+  need(*this, x, tokens * heads * head_dim, "rope", "x");
+  need(*this, positions, tokens, "rope", "positions");
+  rope_impl(x.data, tokens, heads, head_dim, positions.data, base, scaling);
+}
+
+void Backend::rope_backward(Floats dx, int64_t tokens, int64_t heads, int64_t head_dim,
+                            Span<const int64_t> positions, float base, float scaling) {
+  need(*this, dx, tokens * heads * head_dim, "rope_backward", "dx");
+  need(*this, positions, tokens, "rope_backward", "positions");
+  rope_backward_impl(dx.data, tokens, heads, head_dim, positions.data, base, scaling);
+}
+
+void Backend::attention(ConstFloats q, ConstFloats k, ConstFloats v, Span<const uint8_t> key_valid,
+                        const AttentionShape& s, Floats out) {
+  const int64_t queries = s.batch * s.query_len * s.heads * s.head_dim,
+                keys = s.batch * s.capacity * s.kv_heads * s.head_dim;
+  need(*this, q, queries, "attention", "q");
+  need(*this, k, keys, "attention", "k");
+  need(*this, v, keys, "attention", "v");
+  need(*this, key_valid, s.batch * s.capacity, "attention", "key_valid");
+  need(*this, out, queries, "attention", "out");
+  attention_impl(q.data, k.data, v.data, key_valid.data, s, out.data);
+}
+
+void Backend::attention_backward(ConstFloats q, ConstFloats k, ConstFloats v, Span<const uint8_t> key_valid,
+                                 const AttentionShape& s, ConstFloats dout, Floats dq, Floats dk, Floats dv) {
+  const int64_t queries = s.batch * s.query_len * s.heads * s.head_dim,
+                keys = s.batch * s.capacity * s.kv_heads * s.head_dim;
+  need(*this, q, queries, "attention_backward", "q");
+  need(*this, k, keys, "attention_backward", "k");
+  need(*this, v, keys, "attention_backward", "v");
+  need(*this, key_valid, s.batch * s.capacity, "attention_backward", "key_valid");
+  need(*this, dout, queries, "attention_backward", "dout");
+  need(*this, dq, queries, "attention_backward", "dq");
+  need(*this, dk, keys, "attention_backward", "dk");
+  need(*this, dv, keys, "attention_backward", "dv");
+  attention_backward_impl(q.data, k.data, v.data, key_valid.data, s, dout.data, dq.data, dk.data, dv.data);
+}
+
+void Backend::geglu(Floats gate, ConstFloats up, int64_t n) {
+  need(*this, gate, n, "geglu", "gate");
+  need(*this, up, n, "geglu", "up");
+  geglu_impl(gate.data, up.data, n);
+}
+
+void Backend::geglu_backward(ConstFloats gate, ConstFloats up, ConstFloats dout, int64_t n, Floats dgate,
+                             Floats dup) {
+  need(*this, gate, n, "geglu_backward", "gate");
+  need(*this, up, n, "geglu_backward", "up");
+  need(*this, dout, n, "geglu_backward", "dout");
+  need(*this, dgate, n, "geglu_backward", "dgate");
+  need(*this, dup, n, "geglu_backward", "dup");
+  geglu_backward_impl(gate.data, up.data, dout.data, n, dgate.data, dup.data);
+}
+
+void Backend::soft_cap(Floats x, int64_t n, float cap) {
+  need(*this, x, n, "soft_cap", "x");
+  soft_cap_impl(x.data, n, cap);
+}
+
+void Backend::soft_cap_backward(ConstFloats y, Floats dy, int64_t n, float cap) {
+  need(*this, y, n, "soft_cap_backward", "y");
+  need(*this, dy, n, "soft_cap_backward", "dy");
+  soft_cap_backward_impl(y.data, dy.data, n, cap);
+}
+
+void Backend::softmax_row_max(ConstFloats z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats) {
+  need(*this, z, n * cols, "softmax_row_max", "z");
+  softmax_row_max_impl(z.data, n, cols, v0, stats);
+}
+
+void Backend::softmax_row_sums(ConstFloats z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                               const int64_t* rows, SoftmaxRows& stats) {
+  need(*this, z, n * cols, "softmax_row_sums", "z");
+  check(stats.max.size() >= size_t(n), name(), " backend: softmax_row_sums before softmax_row_max");
+  softmax_row_sums_impl(z.data, n, cols, v0, targets, rows, stats);
+}
+
+void Backend::softmax_cross_entropy_backward(Floats z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                                             const float* weights, const int64_t* rows, double loss_scale,
+                                             const SoftmaxRows& stats, float cap) {
+  need(*this, z, n * cols, "softmax_cross_entropy_backward", "z");
+  check(stats.sum_exp_and_target.size() >= size_t(2 * n), name(),
+        " backend: softmax_cross_entropy_backward before softmax_row_sums");
+  softmax_cross_entropy_backward_impl(z.data, n, cols, v0, targets, weights, rows, loss_scale, stats, cap);
+}
+
+void Backend::embedding_lookup(const WeightMatrix& table, int64_t first_row, Span<const int32_t> ids, int64_t M,
+                               Floats out) {
+  need_matrix(*this, table, "embedding_lookup");
+  need(*this, ids, M, "embedding_lookup", "ids");
+  need(*this, out, M * table.cols, "embedding_lookup", "out");
+  embedding_lookup_impl(table, first_row, ids.data, M, out.data);
+}
+
+void Backend::embedding_lookup_backward(ConstFloats dy, Span<const int32_t> ids, int64_t M, int64_t dim,
+                                        int64_t first_row, int64_t rows, float factor, Floats grad) {
+  need(*this, dy, M * dim, "embedding_lookup_backward", "dy");
+  need(*this, ids, M, "embedding_lookup_backward", "ids");
+  need(*this, grad, rows * dim, "embedding_lookup_backward", "grad");
+  embedding_lookup_backward_impl(dy.data, ids.data, M, dim, first_row, rows, factor, grad.data);
+}
+
+void Backend::write_cache_rows(ConstFloats values, int64_t B, int64_t T, int64_t width, int64_t capacity,
+                               int64_t start, Floats cache) {
+  check(start >= 0 && start + T <= capacity, name(), " backend: write_cache_rows at ", start, "…", start + T,
+        " past the cache's ", capacity, " positions");
+  need(*this, values, B * T * width, "write_cache_rows", "values");
+  need(*this, cache, B * capacity * width, "write_cache_rows", "cache");
+  write_cache_rows_impl(values.data, B, T, width, capacity, start, cache.data);
+}
+
+void Backend::gather_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst) {
+  const int64_t n = int64_t(rows.size);
+  need(*this, dst, n * dim, "gather_rows", "dst");
+  for (int64_t i = 0; i < n; ++i)
+    check(rows.data[i] >= 0 && size_t((rows.data[i] + 1) * dim) <= src.size, name(), " backend: gather_rows' row ",
+          rows.data[i], " is outside its source");
+  if (n > 0) need(*this, src, dim, "gather_rows", "src");
+  gather_rows_impl(src.data, rows.data, n, dim, dst.data);
+}
+
+void Backend::scatter_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst) {
+  const int64_t n = int64_t(rows.size);
+  need(*this, src, n * dim, "scatter_rows", "src");
+  for (int64_t i = 0; i < n; ++i)
+    check(rows.data[i] >= 0 && size_t((rows.data[i] + 1) * dim) <= dst.size, name(),
+          " backend: scatter_rows' row ", rows.data[i], " is outside its destination");
+  if (n > 0) need(*this, dst, dim, "scatter_rows", "dst");
+  scatter_rows_impl(src.data, rows.data, n, dim, dst.data);
+}
+
+void Backend::interleave_column_blocks(ConstFloats blocks, int parts, int64_t M, int64_t part, Floats out) {
+  need(*this, blocks, parts * M * part, "interleave_column_blocks", "blocks");
+  need(*this, out, parts * M * part, "interleave_column_blocks", "out");
+  interleave_column_blocks_impl(blocks.data, parts, M, part, out.data);
+}
+
+void Backend::copy(ConstFloats src, int64_t n, Floats dst) {
+  need(*this, src, n, "copy", "src");
+  need(*this, dst, n, "copy", "dst");
+  copy_impl(src.data, n, dst.data);
+}
+
+void Backend::add_into(Floats x, ConstFloats y, int64_t n) {
+  need(*this, x, n, "add_into", "x");
+  need(*this, y, n, "add_into", "y");
+  add_into_impl(x.data, y.data, n);
+}
+
+void Backend::scale(Floats x, int64_t n, float factor) {
+  need(*this, x, n, "scale", "x");
+  scale_impl(x.data, n, factor);
+}
+
+void Backend::narrow_to_bf16(ConstFloats src, int64_t n, Span<uint16_t> dst) {
+  need(*this, src, n, "narrow_to_bf16", "src");
+  need(*this, dst, n, "narrow_to_bf16", "dst");
+  narrow_to_bf16_impl(src.data, n, dst.data);
+}
+
+void Backend::widen_bf16(Span<const uint16_t> src, int64_t n, Floats dst) {
+  need(*this, src, n, "widen_bf16", "src");
+  need(*this, dst, n, "widen_bf16", "dst");
+  widen_bf16_impl(src.data, n, dst.data);
+}
+
+void Backend::adamw_update(Floats theta, ConstFloats grad, Floats m, Floats v, int64_t n, const AdamWStep& step) {
+  need(*this, theta, n, "adamw_update", "theta");
+  need(*this, grad, n, "adamw_update", "grad");
+  need(*this, m, n, "adamw_update", "m");
+  need(*this, v, n, "adamw_update", "v");
+  adamw_update_impl(theta.data, grad.data, m.data, v.data, n, step);
+}
+
+}  // namespace meshtune

@@ -1,0 +1,179 @@
+// The backend seam: one object behind which the compute and the memory of model and train code
+// sit. Model code never touches values itself; it allocates Buffers from a Backend and calls its
+// ops, each with its backward beside it. Implementations:
+//   ReferenceBackend (backend/reference_backend.h): plain loops, the oracle every other backend is
+//     tested against, op by op (tests/test_backend_ops.cpp);
+//   CpuBackend (backend/cpu_backend.h): the CPU kernels in src/kernels (OpenBLAS, oneDNN, OpenMP,
+//     the AVX2 / AVX-512 paths).
+// A CUDA backend implements the same protected *_impl functions over device pointers.
+//
+// The public functions check every operand — on this backend's device, at least as long as the op
+// reads or writes — and then call the implementation with raw pointers, so a wrong operand is one
+// Error naming the op and the operand instead of a crash, on every backend alike.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/buffer.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/linear.h"
+#include "kernels/low_rank.h"
+
+namespace meshtune {
+
+using Floats = Span<float>;
+using ConstFloats = Span<const float>;
+
+class Backend : public Allocator {
+ public:
+  ~Backend() override = default;
+  virtual std::string name() const = 0;  // "reference", "cpu (avx512bf16)"
+
+  // ---- memory ----
+  // Allocations made so far (a step of a shape seen before must make none).
+  size_t allocations() const { return allocations_; }
+  void* allocate(size_t bytes) final;
+  void release(void* p) final;
+  // A buffer of `count` elements on this backend (values undefined; reused if big enough).
+  template <class E>
+  void resize(Buffer<E>& buffer, size_t count) { buffer.resize(count, *this); }
+  // The named host crossings: the batch in, metrics and sampled logits out.
+  void upload(Span<const float> host, Floats device);
+  void download(ConstFloats device, Span<float> host);
+  virtual void synchronize() {}
+
+  // ---- matrices (x: [M, W.cols] row-major, y: [M, W.rows]) ----
+  // y = x·Wᵀ for every dtype of W (F32, BF16, I8 with per-row scales) under `precision`. For I8, the
+  // rows' largest |x| may be given (x_row_max: combined over a split input, see model/gemma.cpp).
+  void linear(ConstFloats x, int64_t M, const WeightMatrix& W, Floats y, MatmulPrecision precision,
+              ConstFloats x_row_max = {});
+  // dx (+)= dy·W, and dW += dyᵀ·x ([rows, cols]).
+  void linear_backward_input(ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
+                             MatmulPrecision precision);
+  void linear_backward_weight(ConstFloats dy, ConstFloats x, int64_t M, int64_t rows, int64_t cols, Floats dW);
+  // LoRA's y += s·(x·A)·B and its backward (dx += …, ∂A, ∂B into the term's gradient views).
+  void low_rank(ConstFloats x, int64_t M, const LowRankTerm& term, Floats y);
+  void low_rank_backward(ConstFloats x, ConstFloats dy, int64_t M, const LowRankTerm& term, Floats dx);
+  // out[r] = max |x[r, :]| over `rows` rows of `cols`.
+  void row_abs_max(ConstFloats x, int64_t rows, int64_t cols, Floats out);
+
+  // ---- normalization, position, attention, activations ----
+  // Gemma RMSNorm per row: y = x·rsqrt(mean(x²) + eps)·(1 + scale); y may be x. Backward writes dx
+  // (may be dy) and adds ∂L/∂scale into dscale unless it is empty.
+  void rmsnorm(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, Floats y);
+  void rmsnorm_backward(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, ConstFloats dy,
+                        Floats dx, Floats dscale);
+  // RoPE in place on [tokens, heads, head_dim], token t at positions[t]; backward rotates back.
+  void rope(Floats x, int64_t tokens, int64_t heads, int64_t head_dim, Span<const int64_t> positions, float base,
+            float scaling);
+  void rope_backward(Floats dx, int64_t tokens, int64_t heads, int64_t head_dim, Span<const int64_t> positions,
+                     float base, float scaling);
+  // Attention of q [B·T, N·H] over a cache k, v [B, S, K·H] (key_valid [B, S]) → out [B·T, N·H].
+  void attention(ConstFloats q, ConstFloats k, ConstFloats v, Span<const uint8_t> key_valid, const AttentionShape& s,
+                 Floats out);
+  void attention_backward(ConstFloats q, ConstFloats k, ConstFloats v, Span<const uint8_t> key_valid,
+                          const AttentionShape& s, ConstFloats dout, Floats dq, Floats dk, Floats dv);
+  // gate = gelu_tanh(gate)·up over n; backward gives dgate, dup.
+  void geglu(Floats gate, ConstFloats up, int64_t n);
+  void geglu_backward(ConstFloats gate, ConstFloats up, ConstFloats dout, int64_t n, Floats dgate, Floats dup);
+  // x = cap·tanh(x/cap); backward from the capped y: dy ·= 1 − (y/cap)².
+  void soft_cap(Floats x, int64_t n, float cap);
+  void soft_cap_backward(ConstFloats y, Floats dy, int64_t n, float cap);
+
+  // ---- the chunked softmax cross-entropy (kernels/cross_entropy.h: steps a split vocabulary
+  // combines between; rows and targets index the host batch, the statistics are host values) ----
+  void softmax_row_max(ConstFloats z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats);
+  void softmax_row_sums(ConstFloats z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                        const int64_t* rows, SoftmaxRows& stats);
+  void softmax_cross_entropy_backward(Floats z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                                      const float* weights, const int64_t* rows, double loss_scale,
+                                      const SoftmaxRows& stats, float cap);
+
+  // ---- data movement ----
+  // out[m] = table row ids[m] − first_row for the ids the table holds, zeros for the others; its
+  // gradient adds factor·dy[m] into grad[ids[m] − first_row] ([rows, dim]).
+  void embedding_lookup(const WeightMatrix& table, int64_t first_row, Span<const int32_t> ids, int64_t M, Floats out);
+  void embedding_lookup_backward(ConstFloats dy, Span<const int32_t> ids, int64_t M, int64_t dim, int64_t first_row,
+                                 int64_t rows, float factor, Floats grad);
+  // [B, T, width] values into a [B, capacity, width] cache at positions start … start+T−1.
+  void write_cache_rows(ConstFloats values, int64_t B, int64_t T, int64_t width, int64_t capacity, int64_t start,
+                        Floats cache);
+  // dst[i] = src row rows[i], and dst row rows[i] = src[i] (rows of dim floats; rows on the host).
+  void gather_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst);
+  void scatter_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst);
+  // `parts` blocks of [M, part] columns interleaved into rows of [M, parts·part].
+  void interleave_column_blocks(ConstFloats blocks, int parts, int64_t M, int64_t part, Floats out);
+  void copy(ConstFloats src, int64_t n, Floats dst);       // dst = src
+  void add_into(Floats x, ConstFloats y, int64_t n);       // x += y
+  void scale(Floats x, int64_t n, float factor);           // x ·= factor
+  void narrow_to_bf16(ConstFloats src, int64_t n, Span<uint16_t> dst);
+  void widen_bf16(Span<const uint16_t> src, int64_t n, Floats dst);
+
+  // ---- optimizer ----
+  void adamw_update(Floats theta, ConstFloats grad, Floats m, Floats v, int64_t n, const AdamWStep& step);
+
+ protected:
+  virtual void* allocate_impl(size_t bytes) = 0;
+  virtual void release_impl(void* p) = 0;
+  virtual void upload_impl(const float* host, size_t n, float* device) = 0;
+  virtual void download_impl(const float* device, size_t n, float* host) = 0;
+
+  virtual void linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
+                           const float* x_row_max) = 0;
+  virtual void linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,
+                                          bool accumulate, MatmulPrecision precision) = 0;
+  virtual void linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
+                                           float* dW) = 0;
+  virtual void low_rank_impl(const float* x, int64_t M, const LowRankTerm& term, float* y) = 0;
+  virtual void low_rank_backward_impl(const float* x, const float* dy, int64_t M, const LowRankTerm& term,
+                                      float* dx) = 0;
+  virtual void row_abs_max_impl(const float* x, int64_t rows, int64_t cols, float* out) = 0;
+  virtual void rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) = 0;
+  virtual void rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
+                                     const float* dy, float* dx, float* dscale) = 0;
+  virtual void rope_impl(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
+                         float base, float scaling) = 0;
+  virtual void rope_backward_impl(float* dx, int64_t tokens, int64_t heads, int64_t head_dim,
+                                  const int64_t* positions, float base, float scaling) = 0;
+  virtual void attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                              const AttentionShape& s, float* out) = 0;
+  virtual void attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                                       const AttentionShape& s, const float* dout, float* dq, float* dk,
+                                       float* dv) = 0;
+  virtual void geglu_impl(float* gate, const float* up, int64_t n) = 0;
+  virtual void geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
+                                   float* dup) = 0;
+  virtual void soft_cap_impl(float* x, int64_t n, float cap) = 0;
+  virtual void soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) = 0;
+  virtual void softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats) = 0;
+  virtual void softmax_row_sums_impl(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                                     const int64_t* rows, SoftmaxRows& stats) = 0;
+  virtual void softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_t cols, int64_t v0,
+                                                   const int32_t* targets, const float* weights, const int64_t* rows,
+                                                   double loss_scale, const SoftmaxRows& stats, float cap) = 0;
+  virtual void embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
+                                     float* out) = 0;
+  virtual void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
+                                              int64_t first_row, int64_t rows, float factor, float* grad) = 0;
+  virtual void write_cache_rows_impl(const float* values, int64_t B, int64_t T, int64_t width, int64_t capacity,
+                                     int64_t start, float* cache) = 0;
+  virtual void gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) = 0;
+  virtual void scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) = 0;
+  virtual void interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part,
+                                             float* out) = 0;
+  virtual void copy_impl(const float* src, int64_t n, float* dst) = 0;
+  virtual void add_into_impl(float* x, const float* y, int64_t n) = 0;
+  virtual void scale_impl(float* x, int64_t n, float factor) = 0;
+  virtual void narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) = 0;
+  virtual void widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) = 0;
+  virtual void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
+                                 const AdamWStep& step) = 0;
+
+ private:
+  size_t allocations_ = 0;
+};
+
+}  // namespace meshtune

@@ -1,0 +1,120 @@
+#include "backend/cpu_backend.h"
+
+#include "kernels/activation.h"
+#include "kernels/cpu/features.h"
+#include "kernels/int8.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/tensor_ops.h"
+
+namespace meshtune {
+
+std::string CpuBackend::name() const { return std::string("cpu (") + cpu_path_name(cpu_path()) + ")"; }
+
+void* CpuBackend::allocate_impl(size_t bytes) { return allocate_host(bytes); }
+void CpuBackend::release_impl(void* p) { free_host(p); }
+void CpuBackend::upload_impl(const float* host, size_t n, float* device) { copy_values(host, int64_t(n), device); }
+void CpuBackend::download_impl(const float* device, size_t n, float* host) { copy_values(device, int64_t(n), host); }
+
+void CpuBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
+                             const float* x_row_max) {
+  if (W.dtype == DType::I8 && x_row_max) return linear_int8(x, M, W, y, x_row_max);
+  meshtune::linear(x, M, W, y, precision);
+}
+void CpuBackend::linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,
+                                            bool accumulate, MatmulPrecision precision) {
+  meshtune::linear_backward_input(dy, M, W, dx, accumulate, precision);
+}
+void CpuBackend::linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
+                                             float* dW) {
+  meshtune::linear_backward_weight(dy, x, M, rows, cols, dW);
+}
+void CpuBackend::low_rank_impl(const float* x, int64_t M, const LowRankTerm& term, float* y) {
+  low_rank_forward(x, M, term, y);
+}
+void CpuBackend::low_rank_backward_impl(const float* x, const float* dy, int64_t M, const LowRankTerm& term,
+                                        float* dx) {
+  meshtune::low_rank_backward(x, dy, M, term, dx);
+}
+void CpuBackend::row_abs_max_impl(const float* x, int64_t rows, int64_t cols, float* out) {
+  meshtune::row_abs_max(x, rows, cols, out);
+}
+void CpuBackend::rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) {
+  meshtune::rmsnorm(x, scale, rows, dim, eps, y);
+}
+void CpuBackend::rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
+                                       const float* dy, float* dx, float* dscale) {
+  meshtune::rmsnorm_backward(x, scale, rows, dim, eps, dy, dx, dscale);
+}
+void CpuBackend::rope_impl(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
+                           float base, float scaling) {
+  meshtune::rope(x, tokens, heads, head_dim, positions, base, scaling);
+}
+void CpuBackend::rope_backward_impl(float* dx, int64_t tokens, int64_t heads, int64_t head_dim,
+                                    const int64_t* positions, float base, float scaling) {
+  meshtune::rope_backward(dx, tokens, heads, head_dim, positions, base, scaling);
+}
+void CpuBackend::attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                                const AttentionShape& s, float* out) {
+  meshtune::attention(q, k, v, key_valid, s, out);
+}
+void CpuBackend::attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                                         const AttentionShape& s, const float* dout, float* dq, float* dk, float* dv) {
+  meshtune::attention_backward(q, k, v, key_valid, s, dout, dq, dk, dv);
+}
+void CpuBackend::geglu_impl(float* gate, const float* up, int64_t n) { meshtune::geglu(gate, up, n); }
+void CpuBackend::geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
+                                     float* dup) {
+  meshtune::geglu_backward(gate, up, dout, n, dgate, dup);
+}
+void CpuBackend::soft_cap_impl(float* x, int64_t n, float cap) { meshtune::soft_cap(x, n, cap); }
+void CpuBackend::soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) {
+  meshtune::soft_cap_backward(y, dy, n, cap);
+}
+void CpuBackend::softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats) {
+  meshtune::softmax_row_max(z, n, cols, v0, stats);
+}
+void CpuBackend::softmax_row_sums_impl(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                                       const int64_t* rows, SoftmaxRows& stats) {
+  meshtune::softmax_row_sums(z, n, cols, v0, targets, rows, stats);
+}
+void CpuBackend::softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_t cols, int64_t v0,
+                                                     const int32_t* targets, const float* weights,
+                                                     const int64_t* rows, double loss_scale,
+                                                     const SoftmaxRows& stats, float cap) {
+  meshtune::softmax_cross_entropy_backward(z, n, cols, v0, targets, weights, rows, loss_scale, stats, cap);
+}
+void CpuBackend::embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
+                                       float* out) {
+  meshtune::embedding_lookup(table, first_row, ids, M, out);
+}
+void CpuBackend::embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
+                                                int64_t first_row, int64_t rows, float factor, float* grad) {
+  meshtune::embedding_lookup_backward(dy, ids, M, dim, first_row, rows, factor, grad);
+}
+void CpuBackend::write_cache_rows_impl(const float* values, int64_t B, int64_t T, int64_t width, int64_t capacity,
+                                       int64_t start, float* cache) {
+  meshtune::write_cache_rows(values, B, T, width, capacity, start, cache);
+}
+void CpuBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
+  meshtune::gather_rows(src, rows, n, dim, dst);
+}
+void CpuBackend::scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
+  meshtune::scatter_rows(src, rows, n, dim, dst);
+}
+void CpuBackend::interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part, float* out) {
+  meshtune::interleave_column_blocks(blocks, parts, M, part, out);
+}
+void CpuBackend::copy_impl(const float* src, int64_t n, float* dst) { copy_values(src, n, dst); }
+void CpuBackend::add_into_impl(float* x, const float* y, int64_t n) { meshtune::add_into(x, y, n); }
+void CpuBackend::scale_impl(float* x, int64_t n, float factor) { scale_in_place(x, n, factor); }
+void CpuBackend::narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) {
+  meshtune::narrow_to_bf16(src, n, dst);
+}
+void CpuBackend::widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) { widen_bf16_parallel(src, n, dst); }
+void CpuBackend::adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
+                                   const AdamWStep& step) {
+  meshtune::adamw_update(theta, grad, m, v, n, step);
+}
+
+}  // namespace meshtune

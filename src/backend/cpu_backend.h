@@ -1,0 +1,71 @@
+// The CPU backend: the kernels of src/kernels — OpenBLAS / oneDNN for the products, OpenMP threads,
+// the generic / AVX2 / AVX-512 / AVX512_BF16 paths of kernels/cpu — on host memory. The only
+// backend model and train code run on today; tested op by op against ReferenceBackend on every
+// path the machine has (tests/test_backend_ops.cpp).
+#pragma once
+#include "backend/backend.h"
+
+namespace meshtune {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override;
+  Device device() const override { return Device::Host; }
+
+ protected:
+  void* allocate_impl(size_t bytes) override;
+  void release_impl(void* p) override;
+  void upload_impl(const float* host, size_t n, float* device) override;
+  void download_impl(const float* device, size_t n, float* host) override;
+
+  void linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
+                   const float* x_row_max) override;
+  void linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate,
+                                  MatmulPrecision precision) override;
+  void linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
+                                   float* dW) override;
+  void low_rank_impl(const float* x, int64_t M, const LowRankTerm& term, float* y) override;
+  void low_rank_backward_impl(const float* x, const float* dy, int64_t M, const LowRankTerm& term,
+                              float* dx) override;
+  void row_abs_max_impl(const float* x, int64_t rows, int64_t cols, float* out) override;
+  void rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) override;
+  void rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
+                             const float* dy, float* dx, float* dscale) override;
+  void rope_impl(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions, float base,
+                 float scaling) override;
+  void rope_backward_impl(float* dx, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
+                          float base, float scaling) override;
+  void attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                      const AttentionShape& s, float* out) override;
+  void attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                               const AttentionShape& s, const float* dout, float* dq, float* dk, float* dv) override;
+  void geglu_impl(float* gate, const float* up, int64_t n) override;
+  void geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
+                           float* dup) override;
+  void soft_cap_impl(float* x, int64_t n, float cap) override;
+  void soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) override;
+  void softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats) override;
+  void softmax_row_sums_impl(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                             const int64_t* rows, SoftmaxRows& stats) override;
+  void softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                                           const float* weights, const int64_t* rows, double loss_scale,
+                                           const SoftmaxRows& stats, float cap) override;
+  void embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
+                             float* out) override;
+  void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim, int64_t first_row,
+                                      int64_t rows, float factor, float* grad) override;
+  void write_cache_rows_impl(const float* values, int64_t B, int64_t T, int64_t width, int64_t capacity,
+                             int64_t start, float* cache) override;
+  void gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) override;
+  void scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) override;
+  void interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part, float* out) override;
+  void copy_impl(const float* src, int64_t n, float* dst) override;
+  void add_into_impl(float* x, const float* y, int64_t n) override;
+  void scale_impl(float* x, int64_t n, float factor) override;
+  void narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) override;
+  void widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) override;
+  void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
+                         const AdamWStep& step) override;
+};
+
+}  // namespace meshtune

@@ -1,0 +1,570 @@
+// The op registry (in the spirit of llama.cpp's test-backend-ops): each op of the Backend, forward
+// and backward, is one case, run on every backend this machine has — CpuBackend on each CPU path
+// it supports — against ReferenceBackend, on odd shapes and every dtype the op takes; and each
+// backward case is checked on ReferenceBackend against central finite differences of
+// L = Σ c·forward(inputs) (random c). A CUDA backend joins by adding itself to `backends()`.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/cpu_backend.h"
+#include "backend/reference_backend.h"
+#include "core/error.h"
+#include "cpu_path_test.h"
+#include "kernels/int8.h"
+#include "test_util.h"
+
+using namespace meshtune;
+using meshtune::testing::random_vector;
+
+namespace {
+
+using Values = std::vector<float>;
+using Inputs = std::vector<Values>;
+
+struct OpCase {
+  std::string name;
+  std::function<Inputs()> make_inputs;
+  // Runs the op on `in` (which it may overwrite: in-place ops), returning its outputs.
+  std::function<Inputs(Backend&, Inputs& in)> forward;
+  // The gradients of Σ dy·forward with respect to the inputs named by `differentiable` (in order).
+  std::function<Inputs(Backend&, Inputs& in, const Values& dy)> backward;
+  std::vector<size_t> differentiable;
+  double tolerance = 1e-5;     // backend against reference, relative to max(1, |reference|)
+  double fd_tolerance = 2e-3;  // reference backward against finite differences
+  float fd_step = 1e-2f;
+};
+
+WeightMatrix matrix(int64_t rows, int64_t cols, const Values& values, DType dtype) {
+  WeightMatrix W = WeightMatrix::from_f32(rows, cols, values);
+  if (dtype == DType::BF16) return to_bf16_matrix(W);
+  if (dtype == DType::I8) return quantize_matrix_int8(W);
+  return W;
+}
+
+Values zeros(int64_t n) { return Values(size_t(n), 0.f); }
+
+std::vector<OpCase> linear_cases() {
+  std::vector<OpCase> cases;
+  struct Shape {
+    int64_t M, rows, cols;
+  };
+  // Few rows (the matrix-vector path), more than 4 rows (sgemm / oneDNN), odd widths.
+  for (Shape s : {Shape{1, 7, 33}, Shape{3, 17, 9}, Shape{5, 31, 65}, Shape{19, 13, 40}})
+    for (DType dtype : {DType::F32, DType::BF16, DType::I8})
+      for (MatmulPrecision precision : {MatmulPrecision::F32, MatmulPrecision::BF16}) {
+        if (dtype == DType::I8 && precision == MatmulPrecision::BF16) continue;  // int8 keeps its own arithmetic
+        const std::string name = std::string("linear_") + dtype_name(dtype) +
+                                 (precision == MatmulPrecision::BF16 ? "_bf16inputs_" : "_") + std::to_string(s.M) +
+                                 "x" + std::to_string(s.rows) + "x" + std::to_string(s.cols);
+        OpCase c;
+        c.name = name;
+        c.make_inputs = [s] { return Inputs{random_vector(size_t(s.M * s.cols), 1), random_vector(size_t(s.rows * s.cols), 2, 0.3f)}; };
+        c.forward = [s, dtype, precision](Backend& b, Inputs& in) {
+          const WeightMatrix W = matrix(s.rows, s.cols, in[1], dtype);
+          Values y = zeros(s.M * s.rows);
+          b.linear(in[0], s.M, W, y, precision);
+          return Inputs{y};
+        };
+        // dx = dy·W always; dW = dyᵀ·x only for trainable fp32 weights.
+        c.backward = [s, dtype, precision](Backend& b, Inputs& in, const Values& dy) {
+          const WeightMatrix W = matrix(s.rows, s.cols, in[1], dtype);
+          Values dx = zeros(s.M * s.cols), dW = zeros(s.rows * s.cols);
+          b.linear_backward_input(dy, s.M, W, dx, false, precision);
+          if (dtype != DType::F32 || precision != MatmulPrecision::F32) return Inputs{dx};
+          b.linear_backward_weight(dy, in[0], s.M, s.rows, s.cols, dW);
+          return Inputs{dx, dW};
+        };
+        if (dtype == DType::F32 && precision == MatmulPrecision::F32) c.differentiable = {0, 1};
+        c.tolerance = dtype == DType::I8 ? 1e-5 : precision == MatmulPrecision::BF16 ? 1e-4 : 1e-5;
+        cases.push_back(std::move(c));
+      }
+  // int8 with the rows' maxima given (a split input's combined maxima): larger than the slice's own.
+  OpCase c;
+  c.name = "linear_int8_given_row_max";
+  c.make_inputs = [] { return Inputs{random_vector(6 * 20, 3), random_vector(9 * 20, 4, 0.3f)}; };
+  c.forward = [](Backend& b, Inputs& in) {
+    const WeightMatrix W = matrix(9, 20, in[1], DType::I8);
+    Values row_max = zeros(6), y = zeros(6 * 9);
+    b.row_abs_max(in[0], 6, 20, row_max);
+    for (float& m : row_max) m *= 1.5f;
+    b.linear(in[0], 6, W, y, MatmulPrecision::F32, row_max);
+    return Inputs{y, row_max};
+  };
+  cases.push_back(std::move(c));
+  return cases;
+}
+
+// A LoRA term over strided views of A and B (two column groups, like a query matrix of 2 heads).
+struct LowRankViews {
+  int64_t M = 5, in = 11, groups = 2, per_group = 7, rank = 3;
+  LowRankTerm term(Values& a, Values& b, float* ga = nullptr, float* gb = nullptr) const {
+    LowRankTerm t;
+    t.rank = rank, t.groups = groups, t.in = in, t.out_per_group = per_group, t.scale = 0.75f;
+    t.a = a.data(), t.a_group = rank, t.a_row = groups * rank, t.a_col = 1;  // A stored [in, groups·rank]
+    t.b = b.data(), t.b_row = 1, t.b_col = rank;                             // B stored [per_group, rank]
+    t.grad_a = ga, t.grad_b = gb;
+    return t;
+  }
+};
+
+OpCase low_rank_case() {
+  const LowRankViews v;
+  OpCase c;
+  c.name = "low_rank";
+  c.make_inputs = [v] {
+    return Inputs{random_vector(size_t(v.M * v.in), 5), random_vector(size_t(v.in * v.groups * v.rank), 6),
+                  random_vector(size_t(v.per_group * v.rank), 7), random_vector(size_t(v.M * v.groups * v.per_group), 8)};
+  };
+  c.forward = [v](Backend& b, Inputs& in) {
+    Values y = in[3];  // the term is added to y
+    b.low_rank(in[0], v.M, v.term(in[1], in[2]), y);
+    return Inputs{y};
+  };
+  c.backward = [v](Backend& b, Inputs& in, const Values& dy) {
+    Values dx = zeros(v.M * v.in), ga = zeros(int64_t(in[1].size())), gb = zeros(int64_t(in[2].size()));
+    b.low_rank_backward(in[0], dy, v.M, v.term(in[1], in[2], ga.data(), gb.data()), dx);
+    return Inputs{dx, ga, gb};
+  };
+  c.differentiable = {0, 1, 2};
+  return c;
+}
+
+std::vector<OpCase> norm_cases() {
+  std::vector<OpCase> cases;
+  // Small rows, and enough rows × width to take the threaded path.
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{3, 7}, {2, 33}, {300, 256}}) {
+    OpCase c;
+    c.name = "rmsnorm_" + std::to_string(rows) + "x" + std::to_string(dim);
+    c.make_inputs = [rows, dim] { return Inputs{random_vector(size_t(rows * dim), 9), random_vector(size_t(dim), 10, 0.5f)}; };
+    c.forward = [rows, dim](Backend& b, Inputs& in) {
+      Values y = zeros(rows * dim);
+      b.rmsnorm(in[0], in[1], rows, dim, 1e-6f, y);
+      return Inputs{y};
+    };
+    c.backward = [rows, dim](Backend& b, Inputs& in, const Values& dy) {
+      Values dx = zeros(rows * dim), dscale = zeros(dim);
+      b.rmsnorm_backward(in[0], in[1], rows, dim, 1e-6f, dy, dx, dscale);
+      return Inputs{dx, dscale};
+    };
+    if (rows * dim < 1000) c.differentiable = {0, 1};  // finite differences on the small ones
+    c.tolerance = 1e-5;
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+OpCase rope_case(int64_t tokens, int64_t heads, int64_t head_dim, float base, float scaling) {
+  OpCase c;
+  c.name = "rope_" + std::to_string(tokens) + "x" + std::to_string(heads) + "x" + std::to_string(head_dim) +
+           (scaling != 1.f ? "_scaled" : "");
+  c.make_inputs = [=] { return Inputs{random_vector(size_t(tokens * heads * head_dim), 11)}; };
+  auto positions = [tokens] {
+    std::vector<int64_t> p(static_cast<size_t>(tokens));
+    for (int64_t t = 0; t < tokens; ++t) p[size_t(t)] = 3 * t + 1;
+    return p;
+  };
+  c.forward = [=](Backend& b, Inputs& in) {
+    Values x = in[0];
+    b.rope(x, tokens, heads, head_dim, positions(), base, scaling);
+    return Inputs{x};
+  };
+  c.backward = [=](Backend& b, Inputs&, const Values& dy) {
+    Values dx = dy;
+    b.rope_backward(dx, tokens, heads, head_dim, positions(), base, scaling);
+    return Inputs{dx};
+  };
+  c.differentiable = {0};
+  c.tolerance = 2e-5;  // cos/sin of fp32 angles against double ones
+  return c;
+}
+
+OpCase attention_case(const std::string& name, AttentionShape s, std::vector<int64_t> padding, bool backward) {
+  OpCase c;
+  c.name = "attention_" + name;
+  const int64_t queries = s.batch * s.query_len * s.heads * s.head_dim,
+                keys = s.batch * s.capacity * s.kv_heads * s.head_dim;
+  auto valid = [s, padding] {
+    std::vector<uint8_t> v(size_t(s.batch * s.capacity), 1);
+    for (int64_t p : padding) v[size_t(p)] = 0;
+    return v;
+  };
+  c.make_inputs = [=] {
+    return Inputs{random_vector(size_t(queries), 12), random_vector(size_t(keys), 13), random_vector(size_t(keys), 14)};
+  };
+  c.forward = [=](Backend& b, Inputs& in) {
+    Values out = zeros(queries);
+    b.attention(in[0], in[1], in[2], valid(), s, out);
+    return Inputs{out};
+  };
+  if (backward) {
+    c.backward = [=](Backend& b, Inputs& in, const Values& dy) {
+      Values dq = zeros(queries), dk = zeros(keys), dv = zeros(keys);
+      b.attention_backward(in[0], in[1], in[2], valid(), s, dy, dq, dk, dv);
+      return Inputs{dq, dk, dv};
+    };
+    c.differentiable = {0, 1, 2};
+  }
+  c.tolerance = 2e-5;
+  return c;
+}
+
+std::vector<OpCase> attention_cases() {
+  // AttentionShape{batch, query_len, start, capacity, heads, kv_heads, head_dim, window, soft_cap}
+  return {
+      // GQA 4→2; row 0's first key is padding, so its query 0 sees nothing (zeros).
+      attention_case("gqa_padding", {2, 7, 0, 7, 4, 2, 5, 0, 0.f}, {0, 7 + 4}, true),
+      // MQA 4→1, window 2, soft-cap 1.5.
+      attention_case("mqa_window_cap", {1, 9, 0, 9, 4, 1, 3, 2, 1.5f}, {3}, true),
+      // Plain multi-head, a window of 3 and a cap, odd head_dim.
+      attention_case("mha_window3", {2, 6, 0, 6, 3, 3, 7, 3, 30.f}, {6 + 5}, true),
+      // Decode: one query at position 5 of a cache of 8 slots, and a prefill continuing at 2.
+      attention_case("decode", {2, 1, 5, 8, 4, 2, 8, 0, 0.f}, {3}, false),
+      attention_case("prefill_at_2", {1, 4, 2, 9, 2, 1, 16, 3, 0.f}, {}, false),
+  };
+}
+
+std::vector<OpCase> activation_cases() {
+  std::vector<OpCase> cases;
+  for (int64_t n : {int64_t(37), int64_t(5000)}) {
+    OpCase g;
+    g.name = "geglu_" + std::to_string(n);
+    g.make_inputs = [n] { return Inputs{random_vector(size_t(n), 15, 2.f), random_vector(size_t(n), 16)}; };
+    g.forward = [n](Backend& b, Inputs& in) {
+      Values gate = in[0];
+      b.geglu(gate, in[1], n);
+      return Inputs{gate};
+    };
+    g.backward = [n](Backend& b, Inputs& in, const Values& dy) {
+      Values dgate = zeros(n), dup = zeros(n);
+      b.geglu_backward(in[0], in[1], dy, n, dgate, dup);
+      return Inputs{dgate, dup};
+    };
+    if (n < 100) g.differentiable = {0, 1};
+    cases.push_back(std::move(g));
+  }
+  for (float cap : {1.5f, 30.f}) {
+    OpCase c;
+    c.name = "soft_cap_" + std::to_string(int(cap * 10));
+    c.make_inputs = [] { return Inputs{random_vector(41, 17, 2.f)}; };
+    c.forward = [cap](Backend& b, Inputs& in) {
+      Values y = in[0];
+      b.soft_cap(y, int64_t(y.size()), cap);
+      return Inputs{y};
+    };
+    c.backward = [cap](Backend& b, Inputs& in, const Values& dy) {
+      Values y = in[0], dx = dy;
+      b.soft_cap(y, int64_t(y.size()), cap);
+      b.soft_cap_backward(y, dx, int64_t(dx.size()), cap);
+      return Inputs{dx};
+    };
+    c.differentiable = {0};
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// The loss steps over a chunk of logits: outputs are the statistics, the loss sums and the
+// gradient; FD of the weighted loss in the logits checks the backward (the loss is Σ w·CE, so dy
+// of the single output "loss" is its scale).
+std::vector<OpCase> cross_entropy_cases() {
+  std::vector<OpCase> cases;
+  for (float cap : {0.f, 5.f}) {
+    const int64_t n = 4, cols = 23;  // 4 of a batch's 6 rows
+    const std::vector<int64_t> rows = {0, 2, 3, 5};
+    const std::vector<int32_t> targets = {1, 0, 22, 7, 3, 11};
+    const Values weights = {1.f, 0.f, 0.5f, 2.f, 0.f, 1.f};
+    auto loss = [=](Backend& b, const Values& z, SoftmaxRows& stats) {
+      b.softmax_row_max(z, n, cols, 0, stats);
+      b.softmax_row_sums(z, n, cols, 0, targets.data(), rows.data(), stats);
+      double sums[3] = {0, 0, 0};
+      softmax_cross_entropy_sums(stats, targets.data(), weights.data(), rows.data(), n, sums);
+      return Values{float(sums[0]), float(sums[1]), float(sums[2])};  // Σ w·CE, Σ w·correct, Σ w
+    };
+    OpCase c;
+    c.name = std::string("softmax_cross_entropy") + (cap > 0 ? "_capped" : "");
+    c.make_inputs = [=] {
+      Values z = random_vector(size_t(n * cols), 18, 3.f);
+      if (cap > 0)
+        for (float& v : z) v = cap * std::tanh(v / cap);  // capped logits, as the model hands them over
+      return Inputs{z};
+    };
+    c.forward = [=](Backend& b, Inputs& in) {
+      SoftmaxRows stats;
+      const Values sums = loss(b, in[0], stats);
+      // The loss first (what finite differences look at); accuracy and weight are steps, not smooth.
+      return Inputs{{sums[0]}, {sums[1], sums[2]}, stats.max, stats.argmax};
+    };
+    c.backward = [=](Backend& b, Inputs& in, const Values& dy) {
+      SoftmaxRows stats;
+      loss(b, in[0], stats);
+      Values dz = in[0];
+      b.softmax_cross_entropy_backward(dz, n, cols, 0, targets.data(), weights.data(), rows.data(), dy[0], stats, cap);
+      if (cap > 0)  // the gradient before the cap, turned into the one of the capped logits for FD
+        for (size_t i = 0; i < dz.size(); ++i) dz[i] /= 1.f - (in[0][i] / cap) * (in[0][i] / cap);
+      return Inputs{dz};
+    };
+    c.differentiable = {0};
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+std::vector<OpCase> data_movement_cases() {
+  std::vector<OpCase> cases;
+  {
+    // A vocabulary part: rows 3 … 10 of a 14-row table, in fp32, bf16 and int8.
+    for (DType dtype : {DType::F32, DType::BF16, DType::I8}) {
+      OpCase c;
+      c.name = std::string("embedding_lookup_") + dtype_name(dtype);
+      const std::vector<int32_t> ids = {0, 3, 10, 7, 13, 3, 5};
+      const int64_t M = 7, dim = 9, first = 3, rows = 8;
+      c.make_inputs = [=] { return Inputs{random_vector(size_t(rows * dim), 19)}; };
+      c.forward = [=](Backend& b, Inputs& in) {
+        Values out = zeros(M * dim);
+        b.embedding_lookup(matrix(rows, dim, in[0], dtype), first, ids, M, out);
+        return Inputs{out};
+      };
+      if (dtype == DType::F32) {
+        c.backward = [=](Backend& b, Inputs&, const Values& dy) {
+          Values grad = zeros(rows * dim);
+          b.embedding_lookup_backward(dy, ids, M, dim, first, rows, 1.f, grad);
+          return Inputs{grad};
+        };
+        c.differentiable = {0};
+      }
+      cases.push_back(std::move(c));
+    }
+  }
+  OpCase cache;
+  cache.name = "write_cache_rows";
+  cache.make_inputs = [] { return Inputs{random_vector(2 * 3 * 5, 20), random_vector(2 * 7 * 5, 21)}; };
+  cache.forward = [](Backend& b, Inputs& in) {
+    Values c = in[1];
+    b.write_cache_rows(in[0], 2, 3, 5, 7, 4, c);
+    return Inputs{c};
+  };
+  cases.push_back(std::move(cache));
+
+  OpCase rows;
+  rows.name = "gather_scatter_interleave";
+  rows.make_inputs = [] { return Inputs{random_vector(6 * 4, 22), random_vector(3 * 5 * 2, 23)}; };
+  rows.forward = [](Backend& b, Inputs& in) {
+    const std::vector<int64_t> which = {5, 0, 3};
+    Values gathered = zeros(3 * 4), scattered = zeros(6 * 4), interleaved = zeros(30);
+    b.gather_rows(in[0], which, 4, gathered);
+    b.scatter_rows(gathered, which, 4, scattered);
+    b.interleave_column_blocks(in[1], 3, 5, 2, interleaved);
+    return Inputs{gathered, scattered, interleaved};
+  };
+  cases.push_back(std::move(rows));
+
+  OpCase elementwise;
+  elementwise.name = "copy_add_scale_bf16_row_max";
+  elementwise.make_inputs = [] { return Inputs{random_vector(70001, 24, 3.f), random_vector(70001, 25)}; };
+  elementwise.forward = [](Backend& b, Inputs& in) {
+    const int64_t n = int64_t(in[0].size());
+    Values copied = zeros(n), row_max = zeros(7), widened = zeros(n);
+    std::vector<uint16_t> narrow(static_cast<size_t>(n));
+    b.copy(in[0], n, copied);
+    b.add_into(copied, in[1], n);
+    b.scale(copied, n, 0.37f);
+    b.narrow_to_bf16(copied, n, narrow);
+    b.widen_bf16(narrow, n, widened);
+    b.row_abs_max(in[0], 7, 10000, row_max);
+    return Inputs{copied, widened, row_max};
+  };
+  elementwise.tolerance = 0;  // exact on every backend
+  cases.push_back(std::move(elementwise));
+
+  OpCase adamw;
+  adamw.name = "adamw_update";
+  adamw.make_inputs = [] {
+    return Inputs{random_vector(1001, 26), random_vector(1001, 27), random_vector(1001, 28, 0.1f),
+                  random_vector(1001, 29, 0.1f)};
+  };
+  adamw.forward = [](Backend& b, Inputs& in) {
+    for (float& v : in[3]) v = v * v;  // second moments are ≥ 0
+    AdamWStep step{true, 0.01f, 5e-5f, 0.1f, 0.001f, 5e-5f * 0.5f, 1e-7f};
+    for (bool decay : {true, false}) {
+      step.decay = decay;
+      b.adamw_update(in[0], in[1], in[2], in[3], int64_t(in[0].size()), step);
+    }
+    return Inputs{in[0], in[2], in[3]};
+  };
+  adamw.tolerance = 0;  // Keras' order of roundings, bit for bit on every path
+  cases.push_back(std::move(adamw));
+  return cases;
+}
+
+const std::vector<OpCase>& registry() {
+  static const std::vector<OpCase> cases = [] {
+    std::vector<OpCase> all;
+    auto add = [&all](std::vector<OpCase> more) {
+      for (OpCase& c : more) all.push_back(std::move(c));
+    };
+    add(linear_cases());
+    add({low_rank_case()});
+    add(norm_cases());
+    add({rope_case(5, 3, 8, 10000.f, 1.f), rope_case(4, 2, 6, 1e6f, 8.f)});
+    add(attention_cases());
+    add(activation_cases());
+    add(cross_entropy_cases());
+    add(data_movement_cases());
+    return all;
+  }();
+  return cases;
+}
+
+// max over i of |a − b| / max(1, |b|).
+double relative_error(const Values& a, const Values& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double d = std::abs(double(a[i]) - double(b[i])) / std::max(1.0, std::abs(double(b[i])));
+    worst = std::max(worst, std::isnan(d) ? INFINITY : d);
+  }
+  return worst;
+}
+
+void expect_close(const Inputs& got, const Inputs& want, double tolerance, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = relative_error(got[i], want[i]);
+    EXPECT_LE(err, tolerance) << what << " output " << i;
+  }
+}
+
+std::vector<std::string> case_names() {
+  std::vector<std::string> names;
+  for (const OpCase& c : registry()) names.push_back(c.name);
+  return names;
+}
+
+const OpCase& find_case(const std::string& name) {
+  for (const OpCase& c : registry())
+    if (c.name == name) return c;
+  throw std::runtime_error("no op case " + name);
+}
+
+// ---- every op on every CPU path against the reference ----
+
+class BackendOps : public ::testing::TestWithParam<std::tuple<std::string, CpuPath>> {};
+
+TEST_P(BackendOps, CpuMatchesReference) {
+  const auto& [name, path] = GetParam();
+  if (!cpu_supports(path)) GTEST_SKIP() << "this CPU has no " << cpu_path_name(path) << " path";
+  meshtune::testing::ScopedCpuPath scoped(path);
+  const OpCase& c = find_case(name);
+  ReferenceBackend reference;
+  CpuBackend cpu;
+  Inputs in_ref = c.make_inputs(), in_cpu = c.make_inputs();
+  const Inputs want = c.forward(reference, in_ref), got = c.forward(cpu, in_cpu);
+  expect_close(got, want, c.tolerance, cpu.name() + " " + name + " forward");
+  if (!c.backward) return;
+  const Values dy = random_vector(want[0].size(), 99);
+  Inputs b_ref = c.make_inputs(), b_cpu = c.make_inputs();
+  expect_close(c.backward(cpu, b_cpu, dy), c.backward(reference, b_ref, dy), c.tolerance,
+               cpu.name() + " " + name + " backward");
+}
+
+std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, CpuPath>>& info) {
+  return std::get<0>(info.param) + "_" + cpu_path_name(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, BackendOps,
+                         ::testing::Combine(::testing::ValuesIn(case_names()), meshtune::testing::kEveryCpuPath),
+                         param_name);
+
+// ---- every backward of the reference against finite differences ----
+
+class BackendBackward : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BackendBackward, ReferenceMatchesFiniteDifferences) {
+  const OpCase& c = find_case(GetParam());
+  if (c.differentiable.empty()) GTEST_SKIP() << c.name << " has no differentiable inputs";
+  ReferenceBackend reference;
+  Inputs in = c.make_inputs(), scratch = in;
+  const Values dy = random_vector(c.forward(reference, scratch).at(0).size(), 99);
+  scratch = in;
+  const Inputs grads = c.backward(reference, scratch, dy);
+  auto loss = [&](const Inputs& at) {
+    Inputs copy = at;
+    const Values y = c.forward(reference, copy).at(0);
+    double L = 0;
+    for (size_t i = 0; i < y.size(); ++i) L += double(dy[i]) * y[i];
+    return L;
+  };
+  double worst = 0;
+  for (size_t g = 0; g < c.differentiable.size(); ++g) {
+    const size_t input = c.differentiable[g];
+    ASSERT_LT(g, grads.size());
+    for (size_t i = 0; i < in[input].size(); ++i) {
+      const float orig = in[input][i], plus = orig + c.fd_step, minus = orig - c.fd_step;
+      in[input][i] = plus;
+      const double lp = loss(in);
+      in[input][i] = minus;
+      const double lm = loss(in);
+      in[input][i] = orig;
+      const double fd = (lp - lm) / (double(plus) - double(minus));
+      const double err = std::abs(fd - grads[g][i]) / std::max(1.0, std::abs(double(grads[g][i])));
+      worst = std::max(worst, err);
+      EXPECT_LE(err, c.fd_tolerance) << c.name << " input " << input << "[" << i << "]: fd " << fd << " analytic "
+                                     << grads[g][i];
+    }
+  }
+  std::printf("%s: max relative error against finite differences %.2e\n", c.name.c_str(), worst);
+}
+
+std::vector<std::string> backward_case_names() {
+  std::vector<std::string> names;
+  for (const OpCase& c : registry())
+    if (!c.differentiable.empty()) names.push_back(c.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, BackendBackward, ::testing::ValuesIn(backward_case_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// ---- the operand checks every backend shares ----
+
+TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
+  CpuBackend cpu;
+  Values x(12, 1.f), scale(4, 0.f), y(12);
+  std::vector<float> device_memory(12);
+  const Span<float> on_device(device_memory.data(), device_memory.size(), Device::Cuda);
+  try {
+    cpu.rmsnorm(x, scale, 3, 4, 1e-6f, on_device);
+    FAIL() << "an operand in device memory was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rmsnorm's y is in cuda memory"), std::string::npos) << e.what();
+  }
+  try {
+    cpu.rmsnorm(x, scale, 4, 4, 1e-6f, y);
+    FAIL() << "a short operand was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rmsnorm's x holds 12 values, 16 needed"), std::string::npos) << e.what();
+  }
+  WeightMatrix W = WeightMatrix::from_f32(2, 6, Values(12, 1.f));
+  W.device = Device::Cuda;
+  EXPECT_THROW(cpu.linear(x, 2, W, y, MatmulPrecision::F32), Error);
+  EXPECT_THROW(cpu.gather_rows(x, std::vector<int64_t>{0, 3}, 4, y), Error);  // row 3 is outside 12 values
+}
+
+TEST(BackendChecks, BuffersCountTheirAllocations) {
+  CpuBackend cpu;
+  FloatBuffer a;
+  cpu.resize(a, 100);
+  cpu.resize(a, 50);  // fits: no new allocation
+  EXPECT_EQ(cpu.allocations(), 1u);
+  EXPECT_EQ(a.device(), Device::Host);
+  cpu.resize(a, 200);
+  EXPECT_EQ(cpu.allocations(), 2u);
+}
+
+}  // namespace
