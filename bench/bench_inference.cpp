@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_backend.h"
 #include "core/error.h"
 #include "machine_limits.h"
 #include "run_stats.h"
@@ -161,7 +162,8 @@ int main(int argc, char** argv) {
     load.quantize_int8 = o.dtype == "int8";
     load.bf16_matrices = o.policy != "float32";  // as generate --dtype-policy stores frozen weights
     GemmaModel model = load_model(dir, load);
-    if (o.policy != "float32") model.matmul_precision = MatmulPrecision::BF16;
+    CpuBackend backend;
+    const Context ctx{backend, o.policy != "float32" ? MatmulPrecision::BF16 : MatmulPrecision::F32};
     const double load_s = seconds_since(t0);
     const GemmaConfig& c = model.config;
     const int64_t V = c.vocab_size, D = c.hidden_dim, T = o.prompt;
@@ -186,16 +188,16 @@ int main(int argc, char** argv) {
     for (int run = 0; run <= o.repeat; ++run) {
       KVCache cache(c, 1, T + o.decode);
       t0 = Clock::now();
-      std::vector<float> hidden = backbone_forward(model, prompt.data(), 1, T, 0, cache);
-      lm_head(model, hidden.data() + (T - 1) * D, 1, logits.data());
+      FloatBuffer hidden = backbone_forward(ctx, model, prompt.data(), 1, T, 0, cache);
+      lm_head(ctx, model, hidden.span().part(size_t((T - 1) * D), size_t(D)), 1, logits);
       const double s = seconds_since(t0);
       if (run == 0) first_prefill_s = s;
       else prefill_s.push_back(s);
       int32_t token = argmax(logits);
       for (int step = 0; step < o.decode; ++step) {
         t0 = Clock::now();
-        hidden = backbone_forward(model, &token, 1, 1, T + step, cache);
-        lm_head(model, hidden.data(), 1, logits.data());
+        hidden = backbone_forward(ctx, model, &token, 1, 1, T + step, cache);
+        lm_head(ctx, model, hidden, 1, logits);
         token = argmax(logits);
         if (run > 0) decode_step_s.push_back(seconds_since(t0));
       }

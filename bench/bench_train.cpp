@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_backend.h"
 #include "core/error.h"
 #include "core/random.h"
 #include "io/safetensors.h"
@@ -129,7 +130,8 @@ FlopCount count_flops(const GemmaConfig& c, int64_t B, int64_t T, int r) {
 }
 
 // Per-phase timings of one step, by calling the pieces Trainer::train_step is made of.
-nlohmann::ordered_json breakdown(const GemmaModel& base, const LoraWeights& lora, const Batch& batch, int reps) {
+nlohmann::ordered_json breakdown(const Context& ctx, const GemmaModel& base, const LoraWeights& lora,
+                                 const Batch& batch, int reps) {
   const GemmaConfig& c = base.config;
   const int64_t B = batch.batch_size, T = batch.seq_len, M = B * T, D = c.hidden_dim;
   TokenBatch tb{B, T, batch.token_ids.data(), batch.padding_mask.data(), batch.targets.data(),
@@ -144,15 +146,15 @@ nlohmann::ordered_json breakdown(const GemmaModel& base, const LoraWeights& lora
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 is an untimed warm-up
     if (rep == 1) forward_s.clear(), fb_s.clear(), lm_head_s.clear();
     auto t0 = Clock::now();
-    forward_backward(model, tb, 1.0 / double(M), nullptr);  // forward + loss, no backward
+    forward_backward(ctx, model, tb, 1.0 / double(M), nullptr);  // forward + loss, no backward
     forward_s.push_back(seconds_since(t0));
     t0 = Clock::now();
-    forward_backward(model, tb, 1.0 / double(M), &grads, &ws);
+    forward_backward(ctx, model, tb, 1.0 / double(M), &grads, &ws);
     fb_s.push_back(seconds_since(t0));
     // The LM head alone: one [M, D]·[D, V] product (forward_backward forms it in row chunks).
     std::vector<float> h(size_t(M * D), 0.01f), logits(size_t(M * c.vocab_size));
     t0 = Clock::now();
-    lm_head(model, h.data(), M, logits.data());
+    lm_head(ctx, model, h, M, logits);
     lm_head_s.push_back(seconds_since(t0));
   }
   nlohmann::ordered_json j;
@@ -182,7 +184,6 @@ int main(int argc, char** argv) {
       for (const VariableSpec& spec : gemma_variables(c))
         if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
     if (o.policy == "mixed_bfloat16") {  // the frozen base in bf16, as `finetune --dtype-policy mixed_bfloat16` stores it
-      model.matmul_precision = MatmulPrecision::BF16;
       for (const VariableSpec& spec : gemma_variables(c))
         if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = to_bf16_matrix(*w);
     }
@@ -245,13 +246,15 @@ int main(int argc, char** argv) {
     }
 
     nlohmann::ordered_json phases;
-    if (o.breakdown) phases = breakdown(model, lora, batch, std::max(1, o.steps));
+    CpuBackend backend;
+    const Context ctx{backend, o.policy == "mixed_bfloat16" ? MatmulPrecision::BF16 : MatmulPrecision::F32};
+    if (o.breakdown) phases = breakdown(ctx, model, lora, batch, std::max(1, o.steps));
 
     FitOptions fit;
     fit.adamw.learning_rate = o.lr;
     fit.adamw.weight_decay = 0.01;
     fit.adamw.epsilon = 1e-7;
-    Trainer trainer(std::move(model), lora, fit);
+    Trainer trainer(backend, ctx.precision, std::move(model), lora, fit);
 
     const CpuTimes cpu_start = cpu_times();
     std::vector<double> step_s, losses;

@@ -100,7 +100,7 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
     FitOptions options;
     if (clip == "clipnorm") options.adamw.clipnorm = 1e-3;
     if (clip == "global_clipnorm") options.adamw.global_clipnorm = 1e-3;
-    Trainer one(model, make_lora(), options);
+    Trainer one(meshtune::testing::cpu_backend(), MatmulPrecision::F32, model, make_lora(), options);
     const LossSums one_sums = one.train_step(batch, 0.0);
     for (const auto& shape : meshes) {
       for (const std::string layout_name : {"keras_hub", "tutorial"}) {
@@ -113,7 +113,7 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
         dist.layout = layout_for(layout_name, config, shape[1]);
         const TensorParallelPlan plan = plan_tensor_parallel(config, dist.layout, mesh, "batch");
         ASSERT_TRUE(plan.active() && plan.vocab) << what << ": " << plan.summary;
-        Trainer many(model, make_lora(), options, dist);
+        Trainer many(meshtune::testing::cpu_backend(), MatmulPrecision::F32, model, make_lora(), options, dist);
         const LossSums sums = many.train_step(batch, 0.0);
         EXPECT_NEAR(sums.weighted_ce, one_sums.weighted_ce, 1e-5 * one_sums.weighted_ce) << what;
         EXPECT_EQ(sums.weighted_correct, one_sums.weighted_correct) << what;
@@ -224,13 +224,13 @@ TEST(TensorParallelInt8, BlocksHoldTheWholeModelsCodesAndAStepEqualsOneDevice) {
         for (size_t i = 0; i < a.b.size(); ++i) a.b[i] = 0.05f * float(int(i % 7) - 3);
       return lora;
     };
-    Trainer one(whole, make_lora(), {});
+    Trainer one(meshtune::testing::cpu_backend(), MatmulPrecision::F32, whole, make_lora(), {});
     const LossSums one_sums = one.train_step(batch, 0.0);
     DeviceMesh mesh({1, n}, {"batch", "model"}, comm);
     Distribution dist;
     dist.mesh = &mesh;
     dist.layout = layout_for("tutorial", config, n);
-    Trainer many(load_model(dir, sharded_options(whole_options, dist.layout, mesh)), make_lora(), {}, dist);
+    Trainer many(meshtune::testing::cpu_backend(), MatmulPrecision::F32, load_model(dir, sharded_options(whole_options, dist.layout, mesh)), make_lora(), {}, dist);
     const LossSums sums = many.train_step(batch, 0.0);
     EXPECT_NEAR(sums.weighted_ce, one_sums.weighted_ce, 1e-6 * one_sums.weighted_ce) << preset;
     for (size_t i = 0; i < one.parameters().size(); ++i) {

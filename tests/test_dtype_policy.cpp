@@ -103,7 +103,6 @@ GemmaModel load_with_policy(bool bf16) {
   LoadOptions options;
   options.bf16_matrices = bf16;
   GemmaModel model = load_model(inspect_model_dir(fixture(kPreset)), options);
-  if (bf16) model.matmul_precision = MatmulPrecision::BF16;
   return model;
 }
 
@@ -113,7 +112,7 @@ GemmaModel load_with_policy(bool bf16) {
 TEST(MixedBfloat16, LogitsWithinBf16ToleranceOfFp32) {
   const std::vector<int32_t> mask = npy_ints(fixture("keras/outputs-gemma-tiny/padding_mask.npy"));
   const GemmaModel f32 = load_with_policy(false), bf16 = load_with_policy(true);
-  const std::vector<float> a = fixture_logits(f32), b = fixture_logits(bf16);
+  const std::vector<float> a = fixture_logits(f32), b = fixture_logits(bf16, MatmulPrecision::BF16);
   const size_t V = size_t(f32.config.vocab_size);
   float lo = 0, hi = 0;
   for (float v : a) lo = std::min(lo, v), hi = std::max(hi, v);
@@ -135,7 +134,8 @@ TEST(MixedBfloat16, LoraGradientsHaveCosineAtLeast0999ToFp32) {
     attach_lora(model, loras.back(), model.config);
     ModelGradients none;
     none.layers.assign(size_t(model.config.num_layers), LayerGradients{});
-    forward_backward(model, next.view(), 1.0 / double(next.batch * next.length), &none);
+    forward_backward(cpu_context(bf16 ? MatmulPrecision::BF16 : MatmulPrecision::F32), model, next.view(),
+                     1.0 / double(next.batch * next.length), &none);
   }
   double least = 1;
   for (size_t i = 0; i < loras[0].adapters.size(); ++i)
@@ -162,7 +162,8 @@ TEST(MixedBfloat16, TrainingKeepsBlockActivationsInBf16) {
     ModelGradients none;
     none.layers.assign(size_t(model.config.num_layers), LayerGradients{});
     TrainingWorkspace ws;
-    forward_backward(model, next.view(), 1.0, &none, &ws);
+    forward_backward(cpu_context(bf16 ? MatmulPrecision::BF16 : MatmulPrecision::F32), model, next.view(), 1.0,
+                     &none, &ws);
     EXPECT_EQ(ws.blocks.bf16(), bf16);
     const FloatBuffer& input = ws.blocks.backward_set(0).input;
     ASSERT_EQ(input.size(), size_t(next.batch * next.length * model.config.hidden_dim));

@@ -27,9 +27,9 @@ std::vector<float> read_f32_file(const std::string& path) {
 std::vector<float> score(const GemmaModel& model, const std::vector<int32_t>& ids) {
   const int64_t T = int64_t(ids.size());
   KVCache cache(model.config, 1, T);
-  std::vector<float> hidden = backbone_forward(model, ids.data(), 1, T, 0, cache);
+  const FloatBuffer hidden = backbone_forward(meshtune::testing::cpu_context(), model, ids.data(), 1, T, 0, cache);
   std::vector<float> logits(size_t(T * model.config.vocab_size));
-  lm_head(model, hidden.data(), T, logits.data());
+  lm_head(meshtune::testing::cpu_context(), model, hidden, T, logits);
   return logits;
 }
 
@@ -66,7 +66,7 @@ TEST_P(HfFixture, GreedyTokensAndStepLogitsMatchLlamaCpp) {
   for (size_t i = 0; i < prompt.size(); ++i) { row[i] = prompt[i]; mask[i] = 1; }
   GenerateOptions options;
   options.max_length = L;  // no stop on EOS, as llama.cpp ran
-  GeneratedIds got = generate_ids(model, {row}, {mask}, options);
+  GeneratedIds got = generate_ids(meshtune::testing::cpu_context(), model, {row}, {mask}, options);
   for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(got.token_ids[0][prompt.size() + i], expected[i]) << i;
 
   // The logits of each step (through the cache) against llama.cpp's, via a full rescoring.

@@ -39,9 +39,10 @@ TEST_P(KerasFixtureOnEveryPath, EveryRecordedArrayWithin1e4) {
   KVCache cache(model.config, B, T);
   for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = uint8_t(mask[i]);
   ForwardTrace trace;
-  std::vector<float> hidden = backbone_forward(model, ids.data(), B, T, 0, cache, &trace);
+  const std::vector<float> hidden =
+      meshtune::testing::to_host(backbone_forward(meshtune::testing::cpu_context(), model, ids.data(), B, T, 0, cache, &trace));
   std::vector<float> logits(size_t(B * T * V));
-  lm_head(model, hidden.data(), B * T, logits.data());
+  lm_head(meshtune::testing::cpu_context(), model, hidden, B * T, logits);
 
   EXPECT_LT(max_diff_valid(trace.embedding_lookup, npy_floats(out + "embedding_lookup.npy"), mask, D), 1e-4);
   EXPECT_LT(max_diff_valid(trace.embedding_scaled, npy_floats(out + "embedding_scaled.npy"), mask, D), 1e-4);
@@ -69,7 +70,7 @@ TEST_P(KerasFixture, GreedyIdsEqualKeras) {
   std::vector<int32_t> expected_mask = npy_ints(out + "generate_greedy_padding_mask.npy");
   GenerateOptions options;
   options.max_length = int(L);  // the fixture's generate(ids, stop_token_ids=None)
-  GeneratedIds got = generate_ids(model, prompts.rows, prompts.masks, options);
+  GeneratedIds got = generate_ids(meshtune::testing::cpu_context(), model, prompts.rows, prompts.masks, options);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < L; ++i) {
       EXPECT_EQ(got.token_ids[b][i], expected[b * L + i]) << "row " << b << " position " << i;
@@ -88,7 +89,7 @@ TEST_P(KerasFixture, StringGenerationEqualsKeras) {
   options.max_length = g["max_length"].get<int>();
   options.stop_token_ids = default_stop_token_ids(model, tokenizer);  // "auto": <eos>
   auto prompts = g["prompts"].get<std::vector<std::string>>();
-  auto results = generate_text(model, tokenizer, prompts, options);
+  auto results = generate_text(meshtune::testing::cpu_context(), model, tokenizer, prompts, options);
   auto expected = g["outputs"].get<std::vector<std::string>>();
   ASSERT_EQ(results.size(), expected.size());
   for (size_t i = 0; i < results.size(); ++i) {

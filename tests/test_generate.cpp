@@ -7,6 +7,7 @@
 #include "generate/generate.h"
 #include "core/error.h"
 #include "model/init.h"
+#include "test_util.h"
 
 using namespace meshtune;
 
@@ -18,9 +19,10 @@ std::vector<int32_t> greedy_by_recomputation(const GemmaModel& model, std::vecto
   while (int(ids.size()) < max_length) {
     const int64_t T = int64_t(ids.size());
     KVCache cache(model.config, 1, T);
-    std::vector<float> hidden = backbone_forward(model, ids.data(), 1, T, 0, cache);
+    const FloatBuffer hidden = backbone_forward(meshtune::testing::cpu_context(), model, ids.data(), 1, T, 0, cache);
     std::vector<float> logits(static_cast<size_t>(V));
-    lm_head(model, hidden.data() + (T - 1) * model.config.hidden_dim, 1, logits.data());
+    const size_t D = size_t(model.config.hidden_dim);
+    lm_head(meshtune::testing::cpu_context(), model, hidden.span().part(size_t(T - 1) * D, D), 1, logits);
     ids.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
   }
   return ids;
@@ -48,7 +50,7 @@ TEST_P(CachedGeneration, EqualsFullRecomputation) {
   }
   GenerateOptions options;
   options.max_length = L;
-  GeneratedIds got = generate_ids(model, rows, masks, options);
+  GeneratedIds got = generate_ids(meshtune::testing::cpu_context(), model, rows, masks, options);
   for (size_t b = 0; b < prompts.size(); ++b) {
     EXPECT_EQ(got.token_ids[b], greedy_by_recomputation(model, prompts[b], L)) << "row " << b;
     EXPECT_TRUE(std::all_of(got.padding_mask[b].begin(), got.padding_mask[b].end(), [](uint8_t m) { return m == 1; }));
@@ -68,16 +70,16 @@ TEST(Generate, StopTokensEndTheMaskLikeKeras) {
   mask[0] = mask[1] = 1;
   GenerateOptions options;
   options.max_length = L;
-  GeneratedIds free_run = generate_ids(model, {row}, {mask}, options);
+  GeneratedIds free_run = generate_ids(meshtune::testing::cpu_context(), model, {row}, {mask}, options);
   // Use the third generated token as a stop token: the mask must end right after it.
   const int32_t stop = free_run.token_ids[0][4];
   auto first = std::find(free_run.token_ids[0].begin() + 2, free_run.token_ids[0].end(), stop) - free_run.token_ids[0].begin();
   options.stop_token_ids = {stop};
-  GeneratedIds stopped = generate_ids(model, {row}, {mask}, options);
+  GeneratedIds stopped = generate_ids(meshtune::testing::cpu_context(), model, {row}, {mask}, options);
   for (int i = 0; i < L; ++i) EXPECT_EQ(int(stopped.padding_mask[0][i]), i <= first ? 1 : 0) << i;
   // A stop id inside the prompt does not count.
   options.stop_token_ids = {7};
-  GeneratedIds in_prompt = generate_ids(model, {row}, {mask}, options);
+  GeneratedIds in_prompt = generate_ids(meshtune::testing::cpu_context(), model, {row}, {mask}, options);
   EXPECT_EQ(in_prompt.padding_mask[0][2], 1);
 }
 

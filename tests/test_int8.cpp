@@ -229,7 +229,7 @@ TEST(Int8Keras, GreedyIdsEqualKeras) {
   const std::vector<int32_t> expected = npy_ints(out + "generate_greedy_token_ids.npy");
   GenerateOptions options;
   options.max_length = int(L);
-  const GeneratedIds got = generate_ids(model, prompts.rows, prompts.masks, options);
+  const GeneratedIds got = generate_ids(meshtune::testing::cpu_context(), model, prompts.rows, prompts.masks, options);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < L; ++i) EXPECT_EQ(got.token_ids[size_t(b)][size_t(i)], expected[size_t(b * L + i)]);
 }
@@ -333,7 +333,7 @@ TEST(Int8Keras, LoraGradientsOverTheInt8Base) {
     attach_lora(model, loras.back(), model.config);
     ModelGradients none;
     none.layers.assign(size_t(model.config.num_layers), LayerGradients{});
-    losses.push_back(forward_backward(model, batch, 1.0 / double(B * T), &none).weighted_ce);
+    losses.push_back(forward_backward(meshtune::testing::cpu_context(), model, batch, 1.0 / double(B * T), &none).weighted_ce);
   }
   EXPECT_NEAR(losses[0], losses[1], 1e-2 * losses[1]);
   for (size_t i = 0; i < loras[0].adapters.size(); ++i)

@@ -49,9 +49,9 @@ Outputs run_forward(const GemmaModel& model) {
   out.mask = npy_ints(in + "padding_mask.npy");
   KVCache cache(model.config, B, T);
   for (size_t i = 0; i < out.mask.size(); ++i) cache.key_valid[i] = uint8_t(out.mask[i]);
-  out.hidden = backbone_forward(model, ids.data(), B, T, 0, cache);
+  out.hidden = meshtune::testing::to_host(backbone_forward(meshtune::testing::cpu_context(), model, ids.data(), B, T, 0, cache));
   out.logits.resize(size_t(B * T * V));
-  lm_head(model, out.hidden.data(), B * T, out.logits.data());
+  lm_head(meshtune::testing::cpu_context(), model, out.hidden, B * T, out.logits);
   return out;
 }
 
@@ -506,14 +506,14 @@ TEST(Lora, LowRankPathEqualsMergedKernelGradients) {
         grad_w.emplace_back(size_t(w.rows * w.cols), 0.f);
         wgrads.of(ad.slot, ad.layer) = grad_w.back().data();
       }
-      const LossSums merged_sums = forward_backward(merged, tb, 1.0 / double(M), &wgrads);
+      const LossSums merged_sums = forward_backward(meshtune::testing::cpu_context(), merged, tb, 1.0 / double(M), &wgrads);
       // Low-rank terms on the frozen base.
       for (LoraAdapter& ad : lora->adapters) ad.grad_a.assign(ad.a.size(), 0.f), ad.grad_b.assign(ad.b.size(), 0.f);
       GemmaModel low_rank = base;
       attach_lora(low_rank, *lora, config);
       ModelGradients none;
       none.layers.assign(size_t(config.num_layers), LayerGradients{});
-      const LossSums sums = forward_backward(low_rank, tb, 1.0 / double(M), &none);
+      const LossSums sums = forward_backward(meshtune::testing::cpu_context(), low_rank, tb, 1.0 / double(M), &none);
       EXPECT_NEAR(sums.weighted_ce, merged_sums.weighted_ce, 1e-5 * merged_sums.weighted_ce) << name;
       for (size_t i = 0; i < lora->adapters.size(); ++i) {
         const LoraAdapter& ad = lora->adapters[i];

@@ -6,11 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_backend.h"
 #include "core/error.h"
 #include "train/optimizer.h"
 
 namespace meshtune {
 namespace {
+
+CpuBackend backend;
 
 const std::vector<float> kTheta0 = {1.0f, -2.0f, 0.5f};
 const std::vector<std::vector<float>> kGrads = {{0.1f, 0.2f, -0.3f}, {-0.05f, 0.4f, 0.1f}, {0.3f, -0.1f, 0.2f}};
@@ -37,7 +40,7 @@ std::vector<std::vector<float>> run_adamw(const AdamWOptions& options, int steps
   std::vector<std::vector<float>> thetas;
   for (int s = 0; s < steps; ++s) {
     var.grad = kGrads[s];
-    adamw.step({var.param}, options.learning_rate);
+    adamw.step(backend, {var.param}, options.learning_rate);
     thetas.push_back(var.value);
   }
   EXPECT_EQ(adamw.iterations, steps);
@@ -133,7 +136,7 @@ TEST(AdamW, SlotsHoldMomentsAndGradientsAreKept) {
   EXPECT_EQ(adamw.momentums[0], std::vector<float>(3, 0.0f));
   var.grad = kGrads[0];
   var.param.grad = var.grad.data();
-  adamw.step({var.param}, 1e-3);
+  adamw.step(backend, {var.param}, 1e-3);
   EXPECT_EQ(var.grad, kGrads[0]);  // no clipping: gradients untouched
   EXPECT_FLOAT_EQ(adamw.momentums[0][0], 0.01f);
   EXPECT_FLOAT_EQ(adamw.velocities[0][1], 0.001f * 0.04f);
@@ -142,7 +145,7 @@ TEST(AdamW, SlotsHoldMomentsAndGradientsAreKept) {
 TEST(AdamW, ZeroGradientOnlyDecays) {
   Var var("dense/kernel", "kernel", kTheta0);
   AdamW adamw(options_with(0.1, 0.1), {var.param});
-  adamw.step({var.param}, 0.1);
+  adamw.step(backend, {var.param}, 0.1);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(var.value[i], kTheta0[i] - (kTheta0[i] * 0.1f) * 0.1f);
 }
 
@@ -200,7 +203,7 @@ TEST(AdamW, ClipnormIsPerTensor) {
   AdamW adamw(o, {a.param, b.param});
   a.grad = {3, 4};   // norm 5 → scaled to norm 1
   b.grad = {0.3f, 0.4f};  // norm 0.5 → unchanged
-  adamw.step({a.param, b.param}, 1e-3);
+  adamw.step(backend, {a.param, b.param}, 1e-3);
   EXPECT_FLOAT_EQ(a.grad[0], 0.6f);
   EXPECT_FLOAT_EQ(a.grad[1], 0.8f);
   EXPECT_FLOAT_EQ(b.grad[0], 0.3f);
@@ -214,14 +217,14 @@ TEST(AdamW, GlobalClipnormUsesNormOfAllTensors) {
   AdamW adamw(o, {a.param, b.param});
   a.grad = {3, 0};
   b.grad = {4};  // global norm 5 → every gradient halved
-  adamw.step({a.param, b.param}, 1e-3);
+  adamw.step(backend, {a.param, b.param}, 1e-3);
   EXPECT_FLOAT_EQ(a.grad[0], 1.5f);
   EXPECT_FLOAT_EQ(a.grad[1], 0.0f);
   EXPECT_FLOAT_EQ(b.grad[0], 2.0f);
 
   a.grad = {0.3f, 0};
   b.grad = {0.4f};  // norm 0.5 ≤ 2.5: unchanged
-  adamw.step({a.param, b.param}, 1e-3);
+  adamw.step(backend, {a.param, b.param}, 1e-3);
   EXPECT_FLOAT_EQ(a.grad[0], 0.3f);
   EXPECT_FLOAT_EQ(b.grad[0], 0.4f);
 }
@@ -232,15 +235,15 @@ TEST(AdamW, ClipvalueClamps) {
   o.clipvalue = 0.5;
   AdamW adamw(o, {a.param});
   a.grad = {-2, 0.25f, 7};
-  adamw.step({a.param}, 1e-3);
+  adamw.step(backend, {a.param}, 1e-3);
   EXPECT_EQ(a.grad, (std::vector<float>{-0.5f, 0.25f, 0.5f}));
 }
 
 TEST(AdamW, MismatchedParametersAreAnError) {
   Var a("a", "a", {0, 0}), b("b", "b", {0, 0, 0});
   AdamW adamw(AdamWOptions{}, {a.param});
-  EXPECT_THROW(adamw.step({a.param, b.param}, 1e-3), Error);
-  EXPECT_THROW(adamw.step({b.param}, 1e-3), Error);
+  EXPECT_THROW(adamw.step(backend, {a.param, b.param}, 1e-3), Error);
+  EXPECT_THROW(adamw.step(backend, {b.param}, 1e-3), Error);
 }
 
 TEST(LearningRateSchedule, Constant) {

@@ -97,7 +97,7 @@ TEST_P(TorchLoraFixture, LossGradientsAndAdamStepsMatchPyTorch) {
   options.adamw.learning_rate = 1e-2;
   options.adamw.weight_decay = 0.01;
   options.schedule.base = 1e-2;
-  Trainer trainer(base, fixture_lora(npz, c, style), options);
+  Trainer trainer(meshtune::testing::cpu_backend(), MatmulPrecision::F32, base, fixture_lora(npz, c, style), options);
 
   // Step 1 computes the loss and gradients at the fixture's starting point.
   std::vector<std::vector<float>> before;
@@ -180,11 +180,11 @@ TEST_P(ModelGradient, FullAndLoraGradientsMatchFiniteDifferences) {
         for (float& x : a.b) x = float(std::normal_distribution<double>(0, 0.3)(rng));
     }
     FitOptions options;
-    Trainer trainer(model, lora, options);
+    Trainer trainer(meshtune::testing::cpu_backend(), MatmulPrecision::F32, model, lora, options);
     auto loss_of = [&] {
       GemmaModel m = trainer.current_model();
       TokenBatch tb{B, T, batch.token_ids.data(), batch.padding_mask.data(), batch.targets.data(), batch.sample_weight.data()};
-      return forward_backward(m, tb, 1.0, nullptr).weighted_ce / double(B * T);
+      return forward_backward(meshtune::testing::cpu_context(), m, tb, 1.0, nullptr).weighted_ce / double(B * T);
     };
     // Analytic gradients (no update: lr 0 and no decay).
     std::vector<Parameter>& params = trainer.parameters();
@@ -242,7 +242,7 @@ TEST(AnswerOnlyLoss, PromptTargetsDoNotReachTheGradients) {
     FitOptions options;
     options.adamw.learning_rate = 0;
     options.adamw.weight_decay = 0;
-    Trainer trainer(model, lora, options);
+    Trainer trainer(meshtune::testing::cpu_backend(), MatmulPrecision::F32, model, lora, options);
     trainer.train_step(batch, 0.0);
     std::vector<float> all;
     for (const Parameter& p : trainer.parameters()) all.insert(all.end(), p.grad, p.grad + p.size);

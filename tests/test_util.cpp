@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include "backend/cpu_backend.h"
 #include "backend/reference_backend.h"
 
 #include <sys/wait.h>
@@ -92,16 +93,16 @@ CommandResult run_meshtune(const std::string& args, const std::string& env, cons
   return result;
 }
 
-std::vector<float> fixture_logits(const GemmaModel& model) {
+std::vector<float> fixture_logits(const GemmaModel& model, MatmulPrecision precision) {
   const std::string in = fixture("keras/outputs-gemma-tiny/");
   const HostTensor ids_t = read_npy(in + "token_ids.npy");
   const int64_t B = ids_t.shape[0], T = ids_t.shape[1];
   const std::vector<int32_t> ids = npy_ints(in + "token_ids.npy"), mask = npy_ints(in + "padding_mask.npy");
   KVCache cache(model.config, B, T);
   for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = uint8_t(mask[i]);
-  const std::vector<float> hidden = backbone_forward(model, ids.data(), B, T, 0, cache);
+  const FloatBuffer hidden = backbone_forward(cpu_context(precision), model, ids.data(), B, T, 0, cache);
   std::vector<float> logits(size_t(B * T * model.config.vocab_size));
-  lm_head(model, hidden.data(), B * T, logits.data());
+  lm_head(cpu_context(precision), model, hidden, B * T, logits);
   return logits;
 }
 
@@ -131,6 +132,19 @@ double cosine_similarity(const std::vector<float>& a, const std::vector<float>& 
     bb += double(b[k]) * b[k];
   }
   return dot / std::sqrt(aa * bb);
+}
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+Context cpu_context(MatmulPrecision precision) { return Context{cpu_backend(), precision}; }
+
+std::vector<float> to_host(const FloatBuffer& values) {
+  std::vector<float> host(values.size());
+  cpu_backend().download(values, host);
+  return host;
 }
 
 void reference_linear(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision) {

@@ -46,6 +46,12 @@ PromptRows read_prompt_rows(const std::string& ids_path, const std::string& mask
 double max_diff_valid(const std::vector<float>& a, const std::vector<float>& b, const std::vector<int32_t>& mask,
                       size_t width);
 
+// The backend the model tests run on (a CpuBackend on the CPU path in use), a Context over it, and
+// a backend buffer's values copied to the host.
+Backend& cpu_backend();
+Context cpu_context(MatmulPrecision precision = MatmulPrecision::F32);
+std::vector<float> to_host(const FloatBuffer& values);
+
 // y[M, W.rows] = x·Wᵀ as ReferenceBackend computes it (plain loops: the oracle of the kernel tests).
 void reference_linear(const float* x, int64_t M, const WeightMatrix& W, float* y,
                       MatmulPrecision precision = MatmulPrecision::F32);
@@ -56,7 +62,7 @@ std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.f);
 // The Keras tiny fixture's token batch (keras/outputs-gemma-tiny): its logits under `model`
 // ([B, T, V]), and as a next-token training batch (T − 1 inputs per row, the next ids as targets,
 // padding weighted 0). The batch points into the struct.
-std::vector<float> fixture_logits(const GemmaModel& model);
+std::vector<float> fixture_logits(const GemmaModel& model, MatmulPrecision precision = MatmulPrecision::F32);
 struct NextTokenBatch {
   int64_t batch = 0, length = 0;
   std::vector<int32_t> ids, targets;

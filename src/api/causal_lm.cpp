@@ -9,6 +9,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "backend/cpu_backend.h"
+#include "backend/reference_backend.h"
 #include "core/error.h"
 #include "distribution/communicator.h"
 #include "kernels/linear.h"
@@ -59,8 +61,12 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
         "dtype policy (--dtype-policy) must be float32, mixed_bfloat16 or bfloat16, got '", options.dtype_policy, "'");
   check(options.quantize.empty() || options.quantize == "int8", "quantize (--quantize) must be int8, got '",
         options.quantize, "'");
+  check(options.backend == "cpu" || options.backend == "reference", "backend must be cpu or reference, got '",
+        options.backend, "'");
   GemmaCausalLM lm;
   lm.options_ = options;
+  if (options.backend == "reference") lm.backend_ = std::make_unique<ReferenceBackend>();
+  else lm.backend_ = std::make_unique<CpuBackend>();
   lm.dir_ = inspect_model_dir(resolve_model_path(preset, options.models_dir));
   lm.sequence_length_ = lm.dir_.sequence_length;
   lm.mesh_ = options.distribution.make_mesh();
@@ -91,7 +97,7 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
   // take the few-row path that never asks.
   if (bf16_policy) bf16_matmul_uses_dot_products();
   lm.model_ = load_model(lm.dir_, load);
-  if (bf16_policy) lm.model_.matmul_precision = MatmulPrecision::BF16;
+  if (bf16_policy) lm.precision_ = MatmulPrecision::BF16;
   lm.config_ = lm.model_.config;
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   lm.notes() << "loaded " << lm.dir_.path << " ("
@@ -233,6 +239,12 @@ void GemmaCausalLM::save_peft_adapter(const std::string& dir) const {
 
 // ---- inference ---------------------------------------------------------------------------------
 
+Context GemmaCausalLM::context() const {
+  if (trainer_) return trainer_->context();
+  return Context{*backend_, precision_,
+                 TensorParallelGroup(mesh_ && plan_.active() ? &mesh_->axis_comm(plan_.axis) : nullptr)};
+}
+
 GemmaModel GemmaCausalLM::inference_model() const {
   if (trainer_) return trainer_->inference_model();
   // The adapter in use before any fit: one enabled or loaded for training, else one given at load.
@@ -277,7 +289,7 @@ GenerateOptions GemmaCausalLM::default_generate_options() const {
 std::vector<GeneratedText> GemmaCausalLM::generate(const std::vector<std::string>& prompts,
                                                    GenerateOptions options) const {
   check(options.max_length >= 1, "max_length (--max-length) must be at least 1, got ", options.max_length);
-  return generate_text(inference_model(), tokenizer(), prompts, options);
+  return generate_text(context(), inference_model(), tokenizer(), prompts, options);
 }
 
 void GemmaCausalLM::logits(const std::vector<int32_t>& ids, const std::vector<int32_t>& mask, int64_t B, int64_t T,
@@ -287,11 +299,26 @@ void GemmaCausalLM::logits(const std::vector<int32_t>& ids, const std::vector<in
   check(mask.empty() || mask.size() == ids.size(), "logits: the padding mask has ", mask.size(), " values, the ids ",
         ids.size());
   const GemmaModel m = inference_model();
-  KVCache cache(m.config, B, T);
+  const Context ctx = context();
+  Backend& b = ctx.backend;
+  KVCache cache(m.config, B, T, b);
   for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = mask[i] != 0;
-  std::vector<float> h = backbone_forward(m, ids.data(), B, T, 0, cache);
-  if (logits) lm_head(m, h.data(), B * T, logits);
-  if (hidden) *hidden = std::move(h);
+  const FloatBuffer h = backbone_forward(ctx, m, ids.data(), B, T, 0, cache);
+  if (logits) {  // into the caller's host buffer: directly where the backend computes in host memory
+    const Floats host(logits, size_t(B * T * m.config.vocab_size));
+    if (b.device() == Device::Host) {
+      lm_head(ctx, m, h, B * T, host);
+    } else {
+      FloatBuffer out;
+      b.resize(out, host.size);
+      lm_head(ctx, m, h, B * T, out);
+      b.download(out, host);
+    }
+  }
+  if (hidden) {
+    hidden->resize(h.size());
+    b.download(h, *hidden);
+  }
 }
 
 // ---- training ----------------------------------------------------------------------------------
@@ -407,7 +434,7 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
     fit.adamw.global_clipnorm = compiled_->global_clipnorm;
     sharded_.reset();  // generate's view of the weights: the trainer makes its own
     const size_t one_device_bytes = size_t(config_.num_parameters()) * (model_.embeddings.dtype == DType::BF16 ? 2 : 4);
-    trainer_ = std::make_unique<Trainer>(std::move(model_), lora_, fit, distribution_);
+    trainer_ = std::make_unique<Trainer>(*backend_, precision_, std::move(model_), lora_, fit, distribution_);
     model_ = GemmaModel{};
     model_.config = config_;
     lora_.reset();  // the trainer's copy is the one that trains
@@ -469,7 +496,7 @@ EpochMetrics GemmaCausalLM::evaluate(const Dataset& data, const FitRunOptions& r
   check(run.batch_size >= 1, "batch size (--batch-size) must be at least 1, got ", run.batch_size);
   const BatchStream stream = batches(data, run, /*shuffle=*/false);
   if (trainer_) return trainer_->evaluate(stream);
-  return evaluate_model(inference_model(), stream);
+  return evaluate_model(context(), inference_model(), stream);
 }
 
 long long GemmaCausalLM::trainable_count() const {

@@ -44,6 +44,7 @@ struct PresetOptions {
   bool need_tokenizer = true;         // false: load without one (token-id data, logits)
   DistributionOptions distribution;   // a mesh and layout (keras.distribution); empty = one process
   std::ostream* notes = nullptr;      // where one-line notes go (nullptr: std::cerr); rank 0 only
+  std::string backend = "cpu";        // cpu | reference (the plain-loop oracle: slow, for checking)
 };
 
 struct LoraOptions {
@@ -186,10 +187,13 @@ class GemmaCausalLM {
   std::ostream& notes() const;
   void check_before_fit(const char* what) const;
   GemmaModel inference_model() const;  // what generate/logits compute with now
+  Context context() const;             // how: the backend, the policy's precision, this process' group
   GemmaModel current_model() const;    // whole, LoRA merged (gathers under a mesh)
   BatchStream batches(const Dataset& data, const FitRunOptions& run, bool shuffle) const;
 
   PresetOptions options_;
+  std::unique_ptr<Backend> backend_;
+  MatmulPrecision precision_ = MatmulPrecision::F32;  // the dtype policy's matmul inputs
   ModelDir dir_;
   GemmaConfig config_;  // the whole model's
   int sequence_length_ = 0;

@@ -16,7 +16,7 @@ static void check_options(const GemmaConfig& config, const GenerateOptions& opti
           ")");
 }
 
-GeneratedIds generate_ids(const GemmaModel& model, std::vector<std::vector<int32_t>> ids,
+GeneratedIds generate_ids(const Context& ctx, const GemmaModel& model, std::vector<std::vector<int32_t>> ids,
                           std::vector<std::vector<uint8_t>> mask, const GenerateOptions& options) {
   check_options(model.config, options);
   const int64_t B = int64_t(ids.size()), L = options.max_length, V = model.config.vocab_size;
@@ -34,20 +34,24 @@ GeneratedIds generate_ids(const GemmaModel& model, std::vector<std::vector<int32
   std::vector<uint8_t> stopped(size_t(B), 0);
   auto all_stopped = [&] { return !options.stop_token_ids.empty() && std::all_of(stopped.begin(), stopped.end(), [](uint8_t s) { return s; }); };
 
-  KVCache cache(model.config, B, L);  // every cached key is a real token: padding never gets cached
+  Backend& backend = ctx.backend;
+  KVCache cache(model.config, B, L, backend);  // every cached key is a real token: padding never gets cached
   Sampler sampler(options.sampler);
   std::vector<int32_t> step_tokens(static_cast<size_t>(B));
   // Prefill positions 0 .. start−2; each step then feeds the token at index−1.
   if (start >= 2) {
     std::vector<int32_t> prefix(size_t(B * (start - 1)));
     for (int64_t b = 0; b < B; ++b) std::copy(ids[b].begin(), ids[b].begin() + start - 1, prefix.begin() + b * (start - 1));
-    backbone_forward(model, prefix.data(), B, start - 1, 0, cache);
+    backbone_forward(ctx, model, prefix.data(), B, start - 1, 0, cache);
   }
-  std::vector<float> logits(size_t(B * V));
+  FloatBuffer step_logits;
+  backend.resize(step_logits, size_t(B * V));
+  std::vector<float> logits(size_t(B * V));  // the sampler's, on the host: one crossing per step
   for (int64_t index = start; index < L && !all_stopped(); ++index) {
     for (int64_t b = 0; b < B; ++b) step_tokens[b] = ids[b][index - 1];
-    std::vector<float> hidden = backbone_forward(model, step_tokens.data(), B, 1, index - 1, cache);
-    lm_head(model, hidden.data(), B, logits.data());
+    const FloatBuffer hidden = backbone_forward(ctx, model, step_tokens.data(), B, 1, index - 1, cache);
+    lm_head(ctx, model, hidden, B, step_logits);
+    backend.download(step_logits, logits);
     for (int64_t b = 0; b < B; ++b) {
       if (mask[b][index]) continue;  // still inside this row's prompt: keep the prompt token
       ids[b][index] = sampler.sample(logits.data() + b * V, int(V));
@@ -78,7 +82,7 @@ std::vector<int> default_stop_token_ids(const GemmaModel& model, const Tokenizer
   return stops;
 }
 
-std::vector<GeneratedText> generate_text(const GemmaModel& model, const Tokenizer& tokenizer,
+std::vector<GeneratedText> generate_text(const Context& ctx, const GemmaModel& model, const Tokenizer& tokenizer,
                                          const std::vector<std::string>& prompts, const GenerateOptions& options) {
   check_options(model.config, options);
   const int64_t L = options.max_length;
@@ -98,7 +102,7 @@ std::vector<GeneratedText> generate_text(const GemmaModel& model, const Tokenize
     ids.push_back(row);
     mask.push_back(row_mask);
   }
-  GeneratedIds generated = generate_ids(model, ids, mask, options);
+  GeneratedIds generated = generate_ids(ctx, model, ids, mask, options);
 
   const std::vector<int> specials = {tokenizer.bos_id(), tokenizer.eos_id(), tokenizer.pad_id()};
   auto is_special = [&](int id) { return std::find(specials.begin(), specials.end(), id) != specials.end(); };

@@ -26,7 +26,7 @@ struct GeneratedIds {
   std::vector<std::vector<int32_t>> token_ids;
   std::vector<std::vector<uint8_t>> padding_mask;
 };
-GeneratedIds generate_ids(const GemmaModel& model, std::vector<std::vector<int32_t>> token_ids,
+GeneratedIds generate_ids(const Context& ctx, const GemmaModel& model, std::vector<std::vector<int32_t>> token_ids,
                           std::vector<std::vector<uint8_t>> padding_mask, const GenerateOptions& options);
 
 // String-level generate: BOS + tokenized prompt (cut to max_length − 1 tokens), several prompts
@@ -38,7 +38,7 @@ struct GeneratedText {
   std::vector<int32_t> token_ids;  // BOS, prompt and generated ids, through the first stop token
   int prompt_length = 0;           // ids of BOS + prompt
 };
-std::vector<GeneratedText> generate_text(const GemmaModel& model, const Tokenizer& tokenizer,
+std::vector<GeneratedText> generate_text(const Context& ctx, const GemmaModel& model, const Tokenizer& tokenizer,
                                          const std::vector<std::string>& prompts, const GenerateOptions& options);
 
 // The stop tokens KerasHub uses for stop_token_ids="auto": <eos>, plus <end_of_turn> for Gemma 3.

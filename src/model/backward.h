@@ -19,7 +19,8 @@ struct TokenBatch {
   const float* sample_weight = nullptr;  // [B, T]
 };
 
-// Where backward adds weight gradients (+=, fp32, our [out, in] layouts); null = frozen.
+// Where backward adds weight gradients (+=, fp32, our [out, in] layouts, in the backend's memory
+// — host memory today: the Trainer's); null = frozen.
 struct LayerGradients {
   float *query = nullptr, *key = nullptr, *value = nullptr, *attention_output = nullptr;
   float *ffw_gating = nullptr, *ffw_gating_2 = nullptr, *ffw_linear = nullptr;
@@ -52,7 +53,7 @@ struct TrainingWorkspace {
 // Forward (and, with `grads`, backward) of the loss scaled by `loss_scale` — Keras uses
 // 1/(B·T). Gradients are accumulated into `grads`. Returns the unscaled sums. `workspace`
 // (optional) keeps the buffers for the next call.
-LossSums forward_backward(const GemmaModel& model, const TokenBatch& batch, double loss_scale,
+LossSums forward_backward(const Context& ctx, const GemmaModel& model, const TokenBatch& batch, double loss_scale,
                           const ModelGradients* grads, TrainingWorkspace* workspace = nullptr);
 
 }  // namespace meshtune

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "core/buffer.h"
-#include "distribution/communicator.h"
 #include "kernels/attention.h"
 #include "kernels/linear.h"
 #include "kernels/low_rank.h"
 #include "model/config.h"
+#include "model/context.h"
 #include "model/variables.h"
 
 namespace meshtune {
@@ -56,19 +56,11 @@ struct GemmaModel {
   // Per block: LoRA low-rank terms added to the frozen matrices (model/lora.h attach_lora); empty = none.
   std::vector<LayerLowRank> low_rank;
   const LowRankTerm& low_rank_term(int layer, Slot slot) const;
-  // Tensor parallelism (model/tensor_parallel.h): set when `config` and the block weights are this
-  // process' share of the heads and FFN width; partial block outputs (and, in backward, partial
-  // gradients of block inputs) are summed over this group of processes.
-  Communicator* tensor_parallel = nullptr;
-  // Vocabulary parallelism (with tensor_parallel): `embeddings` holds rows vocab_offset …
-  // vocab_offset + embeddings.rows − 1 of the whole table; lookups and logits are split by row.
+  // Vocabulary parallelism (a tensor-parallel part, model/tensor_parallel.h): `embeddings` holds
+  // rows vocab_offset … vocab_offset + embeddings.rows − 1 of the whole table; lookups and logits
+  // are split by row and put together by the Context's tensor-parallel group.
   int64_t vocab_offset = 0;
   bool vocab_parallel() const { return embeddings.rows < config.vocab_size; }
-
-  // The dtype policy's matmul inputs (cli --dtype-policy): F32 for float32; BF16 for
-  // mixed_bfloat16 and bfloat16 — the projections, the tied head and their input gradients take
-  // bf16 inputs with fp32 sums (kernels/linear.h); norms, RoPE, attention, the loss stay fp32.
-  MatmulPrecision matmul_precision = MatmulPrecision::F32;
 
   size_t weight_bytes() const;  // bytes of all weights as stored in memory (int8 scales included)
   bool has_int8() const;        // any matrix stored as int8 codes
@@ -84,15 +76,16 @@ struct GemmaModel {
 };
 
 // y[M, W.rows] = x·Wᵀ, plus block `layer`'s LoRA term for `slot` when the model carries one.
-void project(const GemmaModel& model, int layer, Slot slot, const float* x, int64_t M, const WeightMatrix& W, float* y);
+void project(const Context& ctx, const GemmaModel& model, int layer, Slot slot, ConstFloats x, int64_t M,
+             const WeightMatrix& W, Floats y);
 
 // Per-layer keys and values for `batch` rows of up to `capacity` positions, plus which key slots
 // are real tokens (key_valid = 0 marks padding keys, which no query may attend to).
 struct KVCache {
   int64_t batch = 0, capacity = 0;
-  std::vector<FloatBuffer> keys, values;  // per layer: [B, S, K, H], zeros at first
-  std::vector<uint8_t> key_valid;         // [B, S], set by the caller
-  KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity);
+  std::vector<FloatBuffer> keys, values;  // per layer: [B, S, K, H], in `memory`
+  std::vector<uint8_t> key_valid;         // [B, S], set by the caller (host: the batch's mask)
+  KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity, Allocator& memory = host_memory());
 };
 
 // The attention geometry of `layer` for queries at start … start+T−1 over S cached keys.
@@ -132,7 +125,7 @@ struct BlockScratch {
 class SavedBlocks {
  public:
   // Before a forward pass of `layers` blocks; reuses the buffers of a previous step.
-  void start(int layers, bool bf16);
+  void start(Backend& backend, int layers, bool bf16);
   bool bf16() const { return bf16_; }
   // Where block `layer`'s forward writes, then keep(layer) once it is done.
   BlockActivations& forward_set(int layer);
@@ -147,25 +140,26 @@ class SavedBlocks {
   static constexpr size_t kBuffers = 14;  // the FloatBuffers of a BlockActivations
 
  private:
+  Backend* backend_ = nullptr;
   bool bf16_ = false;
   std::vector<BlockActivations> fp32_;                // one per layer; with bf16, the one working set
   std::vector<Bf16Buffer> packed_;                    // bf16: each layer's buffers, one after the other
   std::vector<std::array<size_t, kBuffers>> sizes_;   // bf16: each layer's buffer sizes
 };
 
-// Runs the backbone on tokens [B, T] placed at positions start .. start+T−1 of every row, writing
-// their keys/values into `cache` (whose key_valid the caller sets). Returns the hidden states after
-// the final norm, [B·T, D]. Throws Error for a token id outside the vocabulary.
-// With `saved` (started by the caller), every block's activations are kept for backward, and
-// `final_norm_input` (if given) receives the residual stream entering the final norm [B·T, D].
-std::vector<float> backbone_forward(const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
-                                    int64_t start, KVCache& cache, ForwardTrace* trace = nullptr,
-                                    SavedBlocks* saved = nullptr,
-                                    FloatBuffer* final_norm_input = nullptr);
+// Runs the backbone on tokens [B, T] (host ids) placed at positions start .. start+T−1 of every
+// row, writing their keys/values into `cache` (whose key_valid the caller sets). Returns the hidden
+// states after the final norm, [B·T, D], in the backend's memory. Throws Error for a token id
+// outside the vocabulary. With `saved` (started by the caller), every block's activations are kept
+// for backward, and `final_norm_input` (if given) receives the residual stream entering the final
+// norm [B·T, D].
+FloatBuffer backbone_forward(const Context& ctx, const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
+                             int64_t start, KVCache& cache, ForwardTrace* trace = nullptr,
+                             SavedBlocks* saved = nullptr, FloatBuffer* final_norm_input = nullptr);
 
 // logits[M, V] = soft_cap(hidden[M, D] · Embᵀ) (all-gathered over the vocabulary when it is split).
-void lm_head(const GemmaModel& model, const float* hidden, int64_t M, float* logits);
+void lm_head(const Context& ctx, const GemmaModel& model, ConstFloats hidden, int64_t M, Floats logits);
 // This process' columns of the logits: [M, embeddings.rows] for vocabulary rows vocab_offset ….
-void lm_head_local(const GemmaModel& model, const float* hidden, int64_t M, float* logits);
+void lm_head_local(const Context& ctx, const GemmaModel& model, ConstFloats hidden, int64_t M, Floats logits);
 
 }  // namespace meshtune

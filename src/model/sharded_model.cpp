@@ -174,10 +174,7 @@ void set_variable(GemmaModel& m, const VariableSpec& spec, const ShardSpec& regi
 GemmaModel ShardedModel::compute_model(bool by_layer) const {
   GemmaModel m = model_;
   m.config = plan_.local_config(model_.config);
-  if (plan_.active()) {
-    m.tensor_parallel = &mesh_->axis_comm(plan_.axis);
-    m.vocab_offset = plan_.vocab_offset(model_.config);
-  }
+  if (plan_.active()) m.vocab_offset = plan_.vocab_offset(model_.config);
   std::vector<const Block*> deferred;
   for (const VariableSpec& spec : gemma_variables(model_.config)) {
     const ShardSpec region = plan_.compute_region(spec);

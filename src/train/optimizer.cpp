@@ -14,7 +14,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "kernels/adamw.h"
 
 namespace meshtune {
 namespace {
@@ -64,7 +63,7 @@ bool AdamW::decays(const Parameter& p) const {
   return !exclude_ || !exclude_->search(p.name);
 }
 
-void AdamW::step(const std::vector<Parameter>& params, double lr_value) {
+void AdamW::step(Backend& backend, const std::vector<Parameter>& params, double lr_value) {
   check(params.size() == momentums.size(), "AdamW: step got ", params.size(), " parameters but slots were made for ",
         momentums.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -124,7 +123,8 @@ void AdamW::step(const std::vector<Parameter>& params, double lr_value) {
                          .one_minus_beta_2 = one_minus_beta_2,
                          .alpha = alpha,
                          .epsilon = epsilon};
-    adamw_update(p.value, p.grad, momentums[k].data(), velocities[k].data(), int64_t(p.size), step);
+    const size_t n = p.size;
+    backend.adamw_update(Floats(p.value, n), ConstFloats(p.grad, n), momentums[k], velocities[k], int64_t(n), step);
   }
   ++iterations;
 }

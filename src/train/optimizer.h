@@ -14,6 +14,7 @@
 #include "core/user_regex.h"
 #include "train/parameter.h"
 
+#include "backend/backend.h"
 namespace meshtune {
 
 struct AdamWOptions {
@@ -31,7 +32,7 @@ class AdamW {
   AdamW(const AdamWOptions& options, const std::vector<Parameter>& params);
   // One update of every parameter from its grad, at learning rate `lr` (from a schedule).
   // Increments iterations. Gradients are left as they are (clipped in place if clipping is on).
-  void step(const std::vector<Parameter>& params, double lr);
+  void step(Backend& backend, const std::vector<Parameter>& params, double lr);
   bool decays(const Parameter& p) const;  // false when the exclusion regex matches p.name
 
   int64_t iterations = 0;

@@ -28,9 +28,10 @@ static SlotRef slot_ref(GemmaModel& m, ModelGradients& g, const VariableSpec& sp
 
 static std::string short_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
-Trainer::Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOptions& options,
-                 const Distribution& distribution)
-    : dist_(distribution), model_(std::move(base)), lora_(std::move(lora)), options_(options) {
+Trainer::Trainer(Backend& backend, MatmulPrecision precision, GemmaModel base, std::optional<LoraWeights> lora,
+                 const FitOptions& options, const Distribution& distribution)
+    : backend_(&backend), precision_(precision), dist_(distribution), model_(std::move(base)), lora_(std::move(lora)),
+      options_(options) {
   config_ = model_.config;
   int8_base_ = model_.has_int8();
   const GemmaConfig& c = config_;
@@ -136,10 +137,7 @@ void Trainer::place_variables() {
       t.size = ref.size;
     }
     model_.config = plan_.local_config(config_);
-    if (plan_.active()) {
-      model_.tensor_parallel = &mesh.axis_comm(plan_.axis);
-      model_.vocab_offset = plan_.vocab_offset(config_);
-    }
+    if (plan_.active()) model_.vocab_offset = plan_.vocab_offset(config_);
   }
   // The optimizer sees blocks where they are separate, else the working copies.
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -254,7 +252,7 @@ void Trainer::finish_gradients(LossSums& sums) {
 }
 
 void Trainer::apply_update(double lr) {
-  optimizer_->step(params_, lr);
+  optimizer_->step(*backend_, params_, lr);
   ++step_;
   if (!dist_.mesh) return;
   for (Trainable& t : trainables_) refresh_working_copy(t);
@@ -265,7 +263,6 @@ GemmaModel Trainer::current_model() {
   if (!plan_.active()) return model_;  // whole working copies
   GemmaModel m = model_;  // tensor parallel: each variable gathered from its parts
   m.config = config_;
-  m.tensor_parallel = nullptr;
   m.vocab_offset = 0;
   const auto specs = gemma_variables(config_);
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -275,6 +272,11 @@ GemmaModel Trainer::current_model() {
     set_variable(m, specs[i], std::move(whole));
   }
   return m;
+}
+
+Context Trainer::context() const {
+  return Context{*backend_, precision_,
+                 TensorParallelGroup(plan_.active() ? &dist_.mesh->axis_comm(plan_.axis) : nullptr)};
 }
 
 GemmaModel Trainer::training_model() {

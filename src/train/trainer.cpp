@@ -28,8 +28,9 @@ void Trainer::accumulate_gradients(const Batch& global_batch, double loss_scale,
   TokenBatch tb{batch.batch_size, batch.seq_len, batch.token_ids.data(), batch.padding_mask.data(),
                 batch.targets.data(), batch.sample_weight.data()};
   // Full fine-tuning: into the weights' gradients; LoRA: into the adapters' grad_a / grad_b.
-  const LossSums s = lora_ ? forward_backward(training_model(), tb, loss_scale, &grads_, &workspace_)
-                          : forward_backward(model_, tb, loss_scale, &grads_, &workspace_);
+  const Context ctx = context();
+  const LossSums s = lora_ ? forward_backward(ctx, training_model(), tb, loss_scale, &grads_, &workspace_)
+                          : forward_backward(ctx, model_, tb, loss_scale, &grads_, &workspace_);
   sums.weighted_ce += s.weighted_ce;
   sums.weighted_correct += s.weighted_correct;
   sums.weight += s.weight;
@@ -54,15 +55,15 @@ void Trainer::set_options(const FitOptions& options) {
   options_.adamw = adamw;
 }
 
-EpochMetrics Trainer::evaluate(const BatchStream& data) { return evaluate_model(inference_model(), data); }
+EpochMetrics Trainer::evaluate(const BatchStream& data) { return evaluate_model(context(), inference_model(), data); }
 
-EpochMetrics evaluate_model(const GemmaModel& m, const BatchStream& data) {
+EpochMetrics evaluate_model(const Context& ctx, const GemmaModel& m, const BatchStream& data) {
   double loss_sum = 0, examples = 0, correct = 0, weight = 0;
   for (size_t s = 0; s < data.steps_per_epoch(); ++s) {
     Batch batch = data.batch(0, s);
     TokenBatch tb{batch.batch_size, batch.seq_len, batch.token_ids.data(), batch.padding_mask.data(),
                   batch.targets.data(), batch.sample_weight.data()};
-    LossSums sums = forward_backward(m, tb, 1.0, nullptr);
+    LossSums sums = forward_backward(ctx, m, tb, 1.0, nullptr);
     loss_sum += sums.weighted_ce / double(batch.seq_len);  // = batch loss × B
     examples += double(batch.batch_size);
     correct += sums.weighted_correct;

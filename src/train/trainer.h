@@ -48,14 +48,15 @@ struct EpochMetrics {
 };
 
 // Mean loss/accuracy of `model` over a data set (Keras' evaluate): nothing is updated.
-EpochMetrics evaluate_model(const GemmaModel& model, const BatchStream& data);
+EpochMetrics evaluate_model(const Context& ctx, const GemmaModel& model, const BatchStream& data);
 
 class Trainer {
  public:
   // LoRA when `lora` has adapters (base weights frozen), else full-parameter training (every
-  // weight becomes a trainable fp32 copy).
-  Trainer(GemmaModel base, std::optional<LoraWeights> lora, const FitOptions& options,
-          const Distribution& distribution = {});
+  // weight becomes a trainable fp32 copy). The passes run on `backend` with the dtype policy's
+  // matmul `precision`.
+  Trainer(Backend& backend, MatmulPrecision precision, GemmaModel base, std::optional<LoraWeights> lora,
+          const FitOptions& options, const Distribution& distribution = {});
 
   // Runs the epochs (or steps), reporting to `logs`; returns the last epoch's metrics. Stops early
   // (after saving a checkpoint) if `stop_requested` becomes true; then `interrupted()` is true.
@@ -79,6 +80,9 @@ class Trainer {
   // once), for generation and evaluation during a run: nothing is gathered whole. Every process
   // must run the same passes on it.
   GemmaModel inference_model();
+  // How the models above are computed with: the backend, the precision, and under a
+  // tensor-parallel plan this process' group.
+  Context context() const;
   const std::optional<LoraWeights>& lora() const { return lora_; }
   const GemmaModel& trainable_model() const { return model_; }
   std::vector<Parameter>& parameters() { return params_; }
@@ -126,6 +130,8 @@ class Trainer {
   std::vector<CheckpointTensor> checkpoint_tensors() const;
   CheckpointState checkpoint_state() const;
 
+  Backend* backend_;
+  MatmulPrecision precision_;
   Distribution dist_;
   GemmaConfig config_;        // the whole model's (model_.config is this process' part under TP)
   TensorParallelPlan plan_;
