@@ -110,6 +110,49 @@ TEST(Api, LoadLoraWeightsGivesKerasLogits) {
   EXPECT_LT(dh, 1e-4);
 }
 
+// The whole model on ReferenceBackend — every op a plain loop — gives Keras' logits and hidden
+// states within the fixture's tolerance and its greedy strings, and a LoRA fit on it follows the
+// CPU backend's losses and adapter: model and train code reach values only through the backend.
+TEST(Api, ReferenceBackendRunsTheModelAsKerasDoes) {
+  api::PresetOptions options = quiet();
+  options.backend = "reference";
+  api::GemmaCausalLM lm = api::GemmaCausalLM::from_preset(kTiny, options);
+  const std::string out = "keras/outputs-gemma-tiny/";
+  const std::vector<int32_t> ids = npy_ints(fixture(out + "token_ids.npy"));
+  const std::vector<int32_t> mask = npy_ints(fixture(out + "padding_mask.npy"));
+  const int64_t B = 3, T = int64_t(ids.size()) / 3, V = lm.config().vocab_size;
+  std::vector<float> hidden, logits(size_t(B * T * V));
+  lm.logits(ids, mask, B, T, &hidden, logits.data());
+  EXPECT_LT(max_diff_valid(logits, npy_floats(fixture(out + "logits.npy")), mask, size_t(V)), 1e-4);
+  EXPECT_LT(max_diff_valid(hidden, npy_floats(fixture(out + "hidden_states.npy")), mask,
+                           size_t(lm.config().hidden_dim)), 1e-4);
+  const json summary = json::parse(read_text_file(fixture("keras/summary-gemma-tiny.json")));
+  std::vector<std::string> prompts;
+  for (const auto& p : summary["generate_strings"]["prompts"]) prompts.push_back(p);
+  GenerateOptions generate = lm.default_generate_options();
+  generate.max_length = 10;
+  const std::vector<GeneratedText> texts = lm.generate(prompts, generate);
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(texts[i].text, summary["generate_strings"]["outputs"][i]) << i;
+
+  api::GemmaCausalLM cpu = tiny();
+  for (api::GemmaCausalLM* m : {&lm, &cpu}) {
+    m->enable_lora();
+    m->compile({});
+  }
+  Recorder on_reference(nullptr, 0), on_cpu(nullptr, 0);
+  lm.fit(load_dataset("sample"), steps(2), {&on_reference});
+  cpu.fit(load_dataset("sample"), steps(2), {&on_cpu});
+  ASSERT_EQ(on_reference.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(on_reference.losses[i], on_cpu.losses[i], 1e-5) << "step " << i;
+  const LoraWeights &a = *lm.lora(), &b = *cpu.lora();
+  double worst = 0;
+  for (size_t i = 0; i < a.adapters.size(); ++i)
+    for (size_t j = 0; j < a.adapters[i].b.size(); ++j)
+      worst = std::max(worst, double(std::abs(a.adapters[i].b[j] - b.adapters[i].b[j])));
+  EXPECT_GT(worst, 0.0);   // the two backends round differently …
+  EXPECT_LT(worst, 1e-6);  // … by far less than one AdamW step (lr 5e-5)
+}
+
 TEST(Api, FitEqualsTheCommandLine) {
   const std::string dir = make_temp_dir("api-fit-cli");
   const CommandResult cli = run_meshtune("finetune " + quote(kTiny) +
