@@ -260,6 +260,11 @@ void Backend::copy(ConstFloats src, int64_t n, Floats dst) {
   copy_impl(src.data, n, dst.data);
 }
 
+void Backend::zero(Floats x, int64_t n) {
+  need(*this, x, n, "zero", "x");
+  zero_impl(x.data, n);
+}
+
 void Backend::add_into(Floats x, ConstFloats y, int64_t n) {
   need(*this, x, n, "add_into", "x");
   need(*this, y, n, "add_into", "y");

@@ -107,6 +107,7 @@ class Backend : public Allocator {
   // `parts` blocks of [M, part] columns interleaved into rows of [M, parts·part].
   void interleave_column_blocks(ConstFloats blocks, int parts, int64_t M, int64_t part, Floats out);
   void copy(ConstFloats src, int64_t n, Floats dst);       // dst = src
+  void zero(Floats x, int64_t n);                          // x = 0
   void add_into(Floats x, ConstFloats y, int64_t n);       // x += y
   void scale(Floats x, int64_t n, float factor);           // x ·= factor
   void narrow_to_bf16(ConstFloats src, int64_t n, Span<uint16_t> dst);
@@ -165,6 +166,7 @@ class Backend : public Allocator {
   virtual void interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part,
                                              float* out) = 0;
   virtual void copy_impl(const float* src, int64_t n, float* dst) = 0;
+  virtual void zero_impl(float* x, int64_t n) = 0;
   virtual void add_into_impl(float* x, const float* y, int64_t n) = 0;
   virtual void scale_impl(float* x, int64_t n, float factor) = 0;
   virtual void narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) = 0;

@@ -106,6 +106,7 @@ void CpuBackend::interleave_column_blocks_impl(const float* blocks, int parts, i
   meshtune::interleave_column_blocks(blocks, parts, M, part, out);
 }
 void CpuBackend::copy_impl(const float* src, int64_t n, float* dst) { copy_values(src, n, dst); }
+void CpuBackend::zero_impl(float* x, int64_t n) { fill_zeros(x, n); }
 void CpuBackend::add_into_impl(float* x, const float* y, int64_t n) { meshtune::add_into(x, y, n); }
 void CpuBackend::scale_impl(float* x, int64_t n, float factor) { scale_in_place(x, n, factor); }
 void CpuBackend::narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) {

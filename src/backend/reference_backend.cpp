@@ -391,6 +391,9 @@ void ReferenceBackend::interleave_column_blocks_impl(const float* blocks, int pa
 }
 
 void ReferenceBackend::copy_impl(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
+void ReferenceBackend::zero_impl(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = 0.f;
+}
 void ReferenceBackend::add_into_impl(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }

@@ -36,20 +36,21 @@ GeneratedIds generate_ids(const Context& ctx, const GemmaModel& model, std::vect
 
   Backend& backend = ctx.backend;
   KVCache cache(model.config, B, L, backend);  // every cached key is a real token: padding never gets cached
+  ForwardWorkspace ws;                         // reused by every step
   Sampler sampler(options.sampler);
   std::vector<int32_t> step_tokens(static_cast<size_t>(B));
   // Prefill positions 0 .. start−2; each step then feeds the token at index−1.
   if (start >= 2) {
     std::vector<int32_t> prefix(size_t(B * (start - 1)));
     for (int64_t b = 0; b < B; ++b) std::copy(ids[b].begin(), ids[b].begin() + start - 1, prefix.begin() + b * (start - 1));
-    backbone_forward(ctx, model, prefix.data(), B, start - 1, 0, cache);
+    backbone_forward(ctx, model, prefix.data(), B, start - 1, 0, cache, ws);
   }
   FloatBuffer step_logits;
   backend.resize(step_logits, size_t(B * V));
   std::vector<float> logits(size_t(B * V));  // the sampler's, on the host: one crossing per step
   for (int64_t index = start; index < L && !all_stopped(); ++index) {
     for (int64_t b = 0; b < B; ++b) step_tokens[b] = ids[b][index - 1];
-    const FloatBuffer hidden = backbone_forward(ctx, model, step_tokens.data(), B, 1, index - 1, cache);
+    const FloatBuffer& hidden = backbone_forward(ctx, model, step_tokens.data(), B, 1, index - 1, cache, ws);
     lm_head(ctx, model, hidden, B, step_logits);
     backend.download(step_logits, logits);
     for (int64_t b = 0; b < B; ++b) {

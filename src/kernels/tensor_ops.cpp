@@ -6,6 +6,11 @@ namespace meshtune {
 
 void copy_values(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
 
+void fill_zeros(float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) x[i] = 0.f;
+}
+
 void add_into(float* x, const float* y, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];

@@ -10,6 +10,7 @@
 namespace meshtune {
 
 void copy_values(const float* src, int64_t n, float* dst);  // dst = src
+void fill_zeros(float* x, int64_t n);                   // x = 0
 void add_into(float* x, const float* y, int64_t n);     // x += y
 void scale_in_place(float* x, int64_t n, float factor);  // x *= factor
 

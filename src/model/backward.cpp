@@ -132,14 +132,15 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
   if (const int64_t m = first_id_outside(batch.targets, M, V); m >= 0)
     fail("target id ", batch.targets[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ", V, ")");
 
-  KVCache cache(c, B, T, b);
+  KVCache& cache = ws.cache;
+  cache.resize(c, B, T, b);
   std::copy(batch.padding_mask, batch.padding_mask + M, cache.key_valid.begin());
   // Under mixed_bfloat16 the blocks' activations are kept in bf16 (half the memory), as Keras keeps
   // them in its compute dtype.
   SavedBlocks& saved = ws.blocks;
   if (grads) saved.start(b, c.num_layers, ctx.precision == MatmulPrecision::BF16);
-  const FloatBuffer hidden = backbone_forward(ctx, model, batch.token_ids, B, T, 0, cache, nullptr,
-                                                     grads ? &saved : nullptr, grads ? &ws.final_norm_input : nullptr);
+  const FloatBuffer& hidden = backbone_forward(ctx, model, batch.token_ids, B, T, 0, cache, ws.forward, nullptr,
+                                              grads ? &saved : nullptr, grads ? &ws.final_norm_input : nullptr);
 
   // Loss over the rows that carry weight, a chunk at a time (the logits of a chunk only). With the
   // vocabulary split over processes each holds its columns of the logits, and the softmax's max,
@@ -151,7 +152,10 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 25) / part));
   // Rows with zero weight get no gradient: d_hidden starts at zero, the chunks scatter into it.
   FloatBuffer& d_hidden = ws.d_hidden;
-  if (grads) d_hidden = FloatBuffer(static_cast<size_t>(M * D), b);
+  if (grads) {
+    b.resize(d_hidden, size_t(M * D));
+    b.zero(d_hidden, M * D);
+  }
   FloatBuffer &h_chunk = ws.h_chunk, &d_h_chunk = ws.d_h_chunk, &logits = ws.logits;  // overwritten chunk by chunk
   b.resize(h_chunk, size_t(chunk * D));
   b.resize(d_h_chunk, size_t(chunk * D));

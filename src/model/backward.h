@@ -42,6 +42,8 @@ struct LossSums {
 // Buffers one training step needs — every block's activations and backward's temporaries — kept
 // from step to step so that steps of the same shape allocate (and page-fault, and zero) nothing.
 struct TrainingWorkspace {
+  KVCache cache;             // the batch's keys and values (capacity T)
+  ForwardWorkspace forward;  // the residual stream and the hidden states
   SavedBlocks blocks;
   FloatBuffer d_branch, activated, d_activated, d_gate, d_up, d_normed, d_attended, dq, dk, dv;
   FloatBuffer d_hidden;               // ∂L/∂ the final hidden states, then the residual stream's gradient [M, D]

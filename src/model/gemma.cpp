@@ -98,6 +98,19 @@ std::vector<float>* GemmaModel::vector(Slot slot, int layer) {
   return layer >= 0 ? layers[size_t(layer)].vector(slot) : nullptr;
 }
 
+void KVCache::resize(const GemmaConfig& c, int64_t b, int64_t s, Allocator& memory) {
+  batch = b;
+  capacity = s;
+  const size_t per_layer = size_t(b) * size_t(s) * size_t(c.num_key_value_heads) * size_t(c.head_dim);
+  keys.resize(size_t(c.num_layers));
+  values.resize(size_t(c.num_layers));
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    keys[size_t(layer)].resize(per_layer, memory);
+    values[size_t(layer)].resize(per_layer, memory);
+  }
+  key_valid.resize(size_t(b) * size_t(s));
+}
+
 KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s, Allocator& memory) : batch(b), capacity(s) {
   const size_t per_layer = size_t(b) * size_t(s) * size_t(c.num_key_value_heads) * size_t(c.head_dim);
   for (int layer = 0; layer < c.num_layers; ++layer) {
@@ -248,9 +261,9 @@ const BlockActivations& SavedBlocks::backward_set(int layer) {
   return a;
 }
 
-FloatBuffer backbone_forward(const Context& ctx, const GemmaModel& model, const int32_t* tokens, int64_t B,
-                             int64_t T, int64_t start, KVCache& cache, ForwardTrace* trace, SavedBlocks* saved,
-                             FloatBuffer* final_norm_input) {
+const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model, const int32_t* tokens, int64_t B,
+                                    int64_t T, int64_t start, KVCache& cache, ForwardWorkspace& ws,
+                                    ForwardTrace* trace, SavedBlocks* saved, FloatBuffer* final_norm_input) {
   Backend& b = ctx.backend;
   const GemmaConfig& c = model.config;
   const int64_t D = c.hidden_dim, M = B * T;
@@ -258,7 +271,7 @@ FloatBuffer backbone_forward(const Context& ctx, const GemmaModel& model, const 
         " positions needed, ", cache.batch, " × ", cache.capacity, " allocated");
   if (const int64_t m = first_id_outside(tokens, M, c.vocab_size); m >= 0)
     fail("token id ", tokens[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ", c.vocab_size, ")");
-  FloatBuffer x;  // the residual stream
+  FloatBuffer& x = ws.x;  // the residual stream
   b.resize(x, size_t(M * D));
   auto copy_out = [&](std::vector<float>& host) {  // a host crossing, for the trace
     host.resize(size_t(M * D));
@@ -272,11 +285,9 @@ FloatBuffer backbone_forward(const Context& ctx, const GemmaModel& model, const 
   b.scale(x, M * D, embedding_scale);
   if (trace) copy_out(trace->embedding_scaled);
 
-  BlockActivations unsaved;
-  BlockScratch scratch;
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    BlockActivations& a = saved ? saved->forward_set(layer) : unsaved;
-    decoder_block(ctx, model, model.layer_weights(layer), layer, x, B, T, start, cache, a, scratch);
+    BlockActivations& a = saved ? saved->forward_set(layer) : ws.unsaved;
+    decoder_block(ctx, model, model.layer_weights(layer), layer, x, B, T, start, cache, a, ws.scratch);
     if (saved) saved->keep(layer);
     if (trace) copy_out(trace->block_outputs.emplace_back());
   }
@@ -284,10 +295,17 @@ FloatBuffer backbone_forward(const Context& ctx, const GemmaModel& model, const 
     b.resize(*final_norm_input, size_t(M * D));
     b.copy(x, M * D, *final_norm_input);
   }
-  FloatBuffer hidden;
+  FloatBuffer& hidden = ws.hidden;
   b.resize(hidden, size_t(M * D));
   b.rmsnorm(x, model.final_norm, M, D, c.layer_norm_epsilon, hidden);
   return hidden;
+}
+
+FloatBuffer backbone_forward(const Context& ctx, const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
+                             int64_t start, KVCache& cache, ForwardTrace* trace) {
+  ForwardWorkspace ws;
+  backbone_forward(ctx, model, tokens, B, T, start, cache, ws, trace);
+  return std::move(ws.hidden);
 }
 
 void lm_head_local(const Context& ctx, const GemmaModel& model, ConstFloats hidden, int64_t M, Floats logits) {

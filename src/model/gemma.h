@@ -85,7 +85,12 @@ struct KVCache {
   int64_t batch = 0, capacity = 0;
   std::vector<FloatBuffer> keys, values;  // per layer: [B, S, K, H], in `memory`
   std::vector<uint8_t> key_valid;         // [B, S], set by the caller (host: the batch's mask)
+  KVCache() = default;
+  // Zeros (host memory), or undefined values elsewhere.
   KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity, Allocator& memory = host_memory());
+  // Room for `batch` rows of `capacity` positions, reusing the memory a larger cache had; the values
+  // are undefined (a training pass writes every slot before reading it).
+  void resize(const GemmaConfig& config, int64_t batch, int64_t capacity, Allocator& memory);
 };
 
 // The attention geometry of `layer` for queries at start … start+T−1 over S cached keys.
@@ -147,15 +152,28 @@ class SavedBlocks {
   std::vector<std::array<size_t, kBuffers>> sizes_;   // bf16: each layer's buffer sizes
 };
 
+// The buffers a forward pass computes in, kept from pass to pass (decode steps, training steps) so
+// that a pass of a shape seen before allocates nothing.
+struct ForwardWorkspace {
+  FloatBuffer x;             // the residual stream [M, D]
+  FloatBuffer hidden;        // after the final norm [M, D]: what backbone_forward returns
+  BlockActivations unsaved;  // a block's values when they are not kept for backward
+  BlockScratch scratch;
+};
+
 // Runs the backbone on tokens [B, T] (host ids) placed at positions start .. start+T−1 of every
 // row, writing their keys/values into `cache` (whose key_valid the caller sets). Returns the hidden
-// states after the final norm, [B·T, D], in the backend's memory. Throws Error for a token id
-// outside the vocabulary. With `saved` (started by the caller), every block's activations are kept
-// for backward, and `final_norm_input` (if given) receives the residual stream entering the final
-// norm [B·T, D].
+// states after the final norm, [B·T, D], in the backend's memory (ws.hidden). Throws Error for a
+// token id outside the vocabulary. With `saved` (started by the caller), every block's activations
+// are kept for backward, and `final_norm_input` (if given) receives the residual stream entering
+// the final norm [B·T, D].
+const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model, const int32_t* tokens, int64_t B,
+                                    int64_t T, int64_t start, KVCache& cache, ForwardWorkspace& ws,
+                                    ForwardTrace* trace = nullptr, SavedBlocks* saved = nullptr,
+                                    FloatBuffer* final_norm_input = nullptr);
+// The same with a workspace of its own (one pass: scoring, tests).
 FloatBuffer backbone_forward(const Context& ctx, const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
-                             int64_t start, KVCache& cache, ForwardTrace* trace = nullptr,
-                             SavedBlocks* saved = nullptr, FloatBuffer* final_norm_input = nullptr);
+                             int64_t start, KVCache& cache, ForwardTrace* trace = nullptr);
 
 // logits[M, V] = soft_cap(hidden[M, D] · Embᵀ) (all-gathered over the vocabulary when it is split).
 void lm_head(const Context& ctx, const GemmaModel& model, ConstFloats hidden, int64_t M, Floats logits);
