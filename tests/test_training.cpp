@@ -14,6 +14,7 @@
 #include "model/backward.h"
 #include "model/init.h"
 #include "store/load.h"
+#include "store/lora_files.h"
 #include "model/lora.h"
 #include "npz_reader.h"
 #include "cpu_path_test.h"
@@ -354,6 +355,36 @@ TEST(FinetuneCli, StepsCycleTheDataAndEpochsCapThem) {
   ASSERT_EQ(capped.exit_code, 0) << capped.err;
   EXPECT_EQ(json::parse(capped.out)["steps"], 2);
   std::filesystem::remove_all(root);
+}
+
+// A step whose loss, gradient or update is not finite stops the run (Keras' TerminateOnNaN): exit 1
+// naming the step, no adapter written, and the last checkpoint is the last finite step's, from which
+// the run resumes to a finite adapter. An absurd learning rate blows the adapter up: lr 1e20 makes
+// step 2's loss NaN (caught before its update), lr 1e38 makes step 2's update overflow.
+TEST(FinetuneCli, ANonFiniteStepStopsTheRunAndKeepsTheLastGoodCheckpoint) {
+  const GemmaConfig config = read_model_config(inspect_model_dir(fixture("keras/preset-gemma-tiny")));
+  for (const auto& [lr, says] : {std::pair<std::string, std::string>{"1e20", "stopped before this step's update"},
+                                 {"1e38", "the update made"}}) {
+    SCOPED_TRACE("--lr " + lr);
+    const std::string root = make_temp_dir("ftnan");
+    const std::string common = "finetune " + fixture("keras/preset-gemma-tiny") +
+                               " --data sample --seq-len 16 --no-progress --checkpoint-every 1 --out " + root + "/run";
+    const CommandResult blown = run_meshtune(common + " --steps 6 --lr " + lr);
+    EXPECT_EQ(blown.exit_code, 1) << blown.err;
+    const size_t at = blown.err.find("meshtune: error: step ");
+    ASSERT_NE(at, std::string::npos) << blown.err;
+    EXPECT_NE(blown.err.find(says, at), std::string::npos) << blown.err;
+    const int failed_step = std::stoi(blown.err.substr(at + std::string("meshtune: error: step ").size()));
+    EXPECT_GE(failed_step, 2);
+    EXPECT_FALSE(fs::exists(root + "/run/adapter.lora.h5"));
+    const CommandResult resumed = run_meshtune(common + " --steps " + std::to_string(failed_step - 1) + " --resume");
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    EXPECT_NE(resumed.err.find("at step " + std::to_string(failed_step - 1)), std::string::npos) << resumed.err;
+    for (const LoraAdapter& a : load_keras_lora(root + "/run/adapter.lora.h5", config).adapters)
+      for (const std::vector<float>* values : {&a.a, &a.b})
+        for (float v : *values) ASSERT_TRUE(std::isfinite(v));
+    fs::remove_all(root);
+  }
 }
 
 // Prompt/response JSONL trains end to end (the loss on the responses only).

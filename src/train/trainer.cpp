@@ -3,6 +3,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 
 #include "core/error.h"
@@ -43,8 +44,46 @@ LossSums Trainer::optimizer_step(const std::vector<Batch>& micro_batches, double
   for (const Batch& batch : micro_batches)
     accumulate_gradients(batch, 1.0 / double(batch.batch_size * batch.seq_len * n), sums);
   finish_gradients(sums);  // sums now cover the whole (global) batch
+  stop_if_not_finite(sums);
   apply_update(learning_rate);
+  stop_if_update_not_finite();
   return sums;
+}
+
+// Keras' TerminateOnNaN: a loss or gradient that is NaN or infinite stops the run with an Error
+// before the update, so the weights, the last checkpoint and the outputs stay the last finite ones;
+// an update that itself overflows (an absurd learning rate) stops it before anything is saved.
+// Every process decides alike (the loss is the global one; the verdict on the tensors is combined
+// over the mesh).
+const Parameter* Trainer::first_not_finite(bool values) const {
+  const Parameter* bad = nullptr;
+  for (const Parameter& p : params_) {
+    const float* x = values ? p.value : p.grad;
+    if (!std::all_of(x, x + p.size, [](float v) { return std::isfinite(v); })) {
+      bad = &p;
+      break;
+    }
+  }
+  double bad_anywhere = bad ? 1 : 0;
+  if (dist_.mesh && dist_.mesh->size() > 1) dist_.mesh->comm().all_reduce_sum(&bad_anywhere, 1);
+  static const Parameter elsewhere{"a variable held by another process", "", {}, nullptr, nullptr, 0};
+  return bad ? bad : bad_anywhere > 0 ? &elsewhere : nullptr;
+}
+
+void Trainer::stop_if_not_finite(const LossSums& sums) const {
+  const int64_t step = step_ + 1;
+  const char* kept = " — training stopped before this step's update (as Keras' TerminateOnNaN); the weights, the "
+                     "last checkpoint and the outputs are the last finite ones. Lower --lr or check the data and "
+                     "base model";
+  check(std::isfinite(sums.weighted_ce), "step ", step, ": the loss is ", sums.weighted_ce, kept);
+  if (const Parameter* bad = first_not_finite(/*values=*/false))
+    fail("step ", step, ": the gradient of ", bad->path, " is not finite", kept);
+}
+
+void Trainer::stop_if_update_not_finite() const {
+  if (const Parameter* bad = first_not_finite(/*values=*/true))
+    fail("step ", step_, ": the update made ", bad->path, " not finite (the learning rate is too large for it) — "
+         "training stopped; the last checkpoint and the outputs are the last finite ones");
 }
 
 LossSums Trainer::train_step(const Batch& batch, double learning_rate) { return optimizer_step({batch}, learning_rate); }

@@ -124,6 +124,10 @@ class Trainer {
   void finish_gradients(LossSums& sums);  // sum over the batch axis, cut blocks
   void apply_update(double lr);           // AdamW on blocks, then refresh whole copies
   void zero_gradients();
+  // Keras' TerminateOnNaN, before and after the update: Errors naming the step and the variable.
+  const Parameter* first_not_finite(bool values) const;  // in the gradients, or the values
+  void stop_if_not_finite(const LossSums& sums) const;
+  void stop_if_update_not_finite() const;
   // One optimizer step over the micro-batches of a (global) batch: their gradients accumulated,
   // summed over the mesh, AdamW applied. fit() and train_step() both take their steps here.
   LossSums optimizer_step(const std::vector<Batch>& micro_batches, double learning_rate);
