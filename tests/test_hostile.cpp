@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "data/crc32c.h"
+#include "io/keras_h5.h"
 #include "io/safetensors.h"
 #include "train/trainer.h"
 #include "test_util.h"
@@ -447,6 +448,27 @@ TEST(Hostile, Int8Preset) {
     return "generate " + q(m) + " --prompt hi --max-length 8";
   };
   auto policies = [](json& c) -> json& { return c["config"]["dtype"]["config"]["policy_map"]; };
+  // Element 3 of the first int8 scale dataset (…/vars/1) of a layer whose path contains `layer`.
+  auto scale = [&](const std::string& dir, const std::string& layer, float value) {
+    const std::string m = copy_of(int8, dir, "m");
+    using meshtune::HostTensor;
+    std::map<std::string, HostTensor> datasets = meshtune::read_h5_datasets(m + "/model.weights.h5");
+    std::vector<std::pair<std::string, HostTensor>> written;
+    bool changed = false;
+    for (auto& [name, tensor] : datasets) {
+      HostTensor copy = HostTensor::allocate(tensor.dtype, tensor.shape);
+      std::memcpy(copy.mutable_as<std::byte>(), tensor.data, tensor.nbytes());
+      if (!changed && name.find(layer) != std::string::npos && name.size() > 6 &&
+          name.compare(name.size() - 6, 6, "vars/1") == 0 && tensor.dtype == meshtune::DType::F32) {
+        copy.mutable_as<float>()[3] = value;
+        changed = true;
+      }
+      written.emplace_back(name, std::move(copy));
+    }
+    EXPECT_TRUE(changed) << "no int8 scale of " << layer;
+    meshtune::write_h5_datasets(m + "/model.weights.h5", written);
+    return "generate " + q(m) + " --prompt hi --max-length 8";
+  };
   run_table({
       {"int8_policy_unknown_layer", [&](const std::string& d) { return config(d, [&](json& c) {
          policies(c)["decoder_block_99/attention/query"] = policies(c)["token_embedding"]; }); },
@@ -463,6 +485,17 @@ TEST(Hostile, Int8Preset) {
          policies(c)["token_embedding"]["class_name"] = "Float8DTypePolicy"; }); }, {"config.json", "Float8DTypePolicy"}},
       {"int8_layer_left_float", [&](const std::string& d) { return config(d, [&](json& c) {
          policies(c).erase("decoder_block_0/attention/query"); }); }, {"model.weights.h5", "int8", "dtype policy map"}},
+      // One scale of the embedding (vocabulary row 3) or of a decoder kernel made impossible.
+      {"int8_embedding_scale_nan", [&](const std::string& d) { return scale(d, "embedding", NAN); },
+       {"model.weights.h5", "int8 scale of", "nan", "index 3"}},
+      {"int8_embedding_scale_zero", [&](const std::string& d) { return scale(d, "embedding", 0.f); },
+       {"model.weights.h5", "int8 scale of", "finite positive"}},
+      {"int8_kernel_scale_inf", [&](const std::string& d) { return scale(d, "query", INFINITY); },
+       {"model.weights.h5", "query", "inf"}},
+      {"int8_kernel_scale_negative", [&](const std::string& d) { return scale(d, "ffw_linear", -2.f); },
+       {"model.weights.h5", "ffw_linear", "-2"}},
+      {"int8_kernel_scale_denormal", [&](const std::string& d) { return scale(d, "gating", 1e-40f); },
+       {"model.weights.h5", "gating", "normal"}},
       {"int8_preset_full_finetune", [&](const std::string& d) {
          return "finetune " + q(copy_of(int8, d, "m")) + " --full --data sample --take 2 --steps 1 --batch-size 2 --seq-len 8"
                 " --no-progress --out " + q(d + "/run"); }, {"int8", "--full"}},

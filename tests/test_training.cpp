@@ -1,7 +1,10 @@
 // Training against references: the loss and LoRA gradients of an independent PyTorch (fp64)
 // implementation, three Keras-AdamW steps, finite differences through the whole model, and an
 // interrupted (SIGKILLed) run resumed to bit-identical weights.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -20,6 +23,7 @@
 #include "cpu_path_test.h"
 #include "test_util.h"
 #include "text/preprocessor.h"
+#include "train/run_dir.h"
 #include "train/trainer.h"
 
 using namespace meshtune;
@@ -385,6 +389,34 @@ TEST(FinetuneCli, ANonFiniteStepStopsTheRunAndKeepsTheLastGoodCheckpoint) {
         for (float v : *values) ASSERT_TRUE(std::isfinite(v));
     fs::remove_all(root);
   }
+}
+
+// One run per --out: while another process holds the directory's lock (a run in progress), a
+// second finetune there is refused at once, before it loads anything or touches a file — with
+// --resume and --overwrite too; once the lock is released (the holder ends, however it ends),
+// the directory is free.
+TEST(FinetuneCli, ASecondRunOnTheSameOutIsRefused) {
+  const std::string root = make_temp_dir("ftlock");
+  const std::string out = root + "/run";
+  const std::string train = "finetune " + fixture("keras/preset-gemma-tiny") +
+                            " --data sample --seq-len 16 --steps 1 --no-progress --out " + out;
+  fs::create_directories(out);
+  const int held = ::open((out + "/.meshtune.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+  for (const std::string& mode : {"", " --overwrite", " --resume"}) {
+    const CommandResult refused = run_meshtune(train + mode);
+    EXPECT_EQ(refused.exit_code, 1) << mode << refused.err;
+    EXPECT_NE(refused.err.find("--out " + out + ": another process is using this run directory"), std::string::npos)
+        << refused.err;
+    EXPECT_EQ(refused.err.find("loaded"), std::string::npos) << "refused before loading:\n" << refused.err;
+  }
+  EXPECT_TRUE(run_outputs(out).empty());
+  ::close(held);
+  const CommandResult free = run_meshtune(train);
+  EXPECT_EQ(free.exit_code, 0) << free.err;
+  EXPECT_TRUE(fs::exists(out + "/adapter.lora.h5"));
+  fs::remove_all(root);
 }
 
 // Prompt/response JSONL trains end to end (the loss on the responses only).

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -204,6 +205,10 @@ static int run_finetune(const Options& o) {
         "--dtype-policy bfloat16 keeps the variables in bf16 (Keras' set_floatx(\"bfloat16\"), for inference); train "
         "with mixed_bfloat16: fp32 variables and optimizer state, bf16 matmuls");
   const RunDirMode run_mode = o.resume ? RunDirMode::Resume : o.overwrite ? RunDirMode::Overwrite : RunDirMode::Fresh;
+  // One run per directory: the first process (the one that writes the shared files) holds its lock
+  // for the whole run, taken before the directory is checked.
+  std::optional<RunDirLock> lock;
+  if (world().rank() == 0) lock.emplace(o.out);
   if (run_mode != RunDirMode::Overwrite) prepare_run_dir(o.out, run_mode);  // refuse before any loading
   // Pre-tokenized data needs no tokenizer (unless samples or validation are asked for).
   const bool pretokenized = o.data.rfind("npy:", 0) == 0 ||

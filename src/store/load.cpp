@@ -1,6 +1,9 @@
 #include "store/load.h"
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -140,6 +143,12 @@ static WeightMatrix int8_matrix(const HostTensor& codes, const VariableSpec& spe
   // Keras' broadcast scale shapes flatten to our row order; a block (sharded loading) takes its rows'.
   std::vector<float> scales(static_cast<size_t>(num_elements(scale.shape)));
   std::memcpy(scales.data(), scale.data, scales.size() * sizeof(float));
+  // A code is divided by its scale (127 / max|w|, so at most ~1.3e9 and never near the smallest
+  // floats): a NaN, infinite, zero, negative or denormal scale gives silently wrong numbers.
+  for (size_t i = 0; i < scales.size(); ++i)
+    check(std::isfinite(scales[i]) && scales[i] >= std::numeric_limits<float>::min(), weights_file, ": tensor ",
+          scale_name, " (int8 scale of ", keras_layer(spec), ") holds ", scales[i], " at index ", i,
+          "; a scale must be a finite positive (normal) float");
   if (block) scales = block_scales(scales.data(), spec, *block);
   struct Storage {
     HostTensor codes;

@@ -1,6 +1,11 @@
 #include "train/run_dir.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <filesystem>
@@ -66,6 +71,28 @@ void prepare_run_dir(const std::string& dir, RunDirMode mode) {
   }
   fs::create_directories(dir, ec);
   check(!ec, "--out ", dir, ": cannot create: ", ec.message());
+}
+
+RunDirLock::RunDirLock(const std::string& dir) {
+  std::error_code ec;
+  check(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "--out ", dir, ": exists and is not a directory");
+  fs::create_directories(dir, ec);
+  check(!ec, "--out ", dir, ": cannot create: ", ec.message());
+  const std::string path = (fs::path(dir) / ".meshtune.lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  check(fd_ >= 0, "--out ", dir, ": cannot open its lock file ", path, ": ", std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(fd_);
+    fd_ = -1;
+    check(error != EWOULDBLOCK, "--out ", dir, ": another process is using this run directory (it holds ", path,
+          "); wait for that run to end or choose another --out");
+    fail("--out ", dir, ": cannot lock ", path, ": ", std::strerror(error));
+  }
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
 }
 
 }  // namespace meshtune

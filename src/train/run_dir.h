@@ -20,4 +20,20 @@ enum class RunDirMode { Fresh, Resume, Overwrite };
 // until they are all gone. Resume changes nothing (the checkpoint is checked when it is read).
 void prepare_run_dir(const std::string& dir, RunDirMode mode);
 
+// An exclusive lock on a run directory for as long as the object lives: flock on DIR/.meshtune.lock
+// (created with the directory if need be), which the kernel releases when the process ends however
+// it ends — a crashed run leaves no stale lock. A second run on the same directory is refused at
+// once, naming the directory. Taken before the directory is checked, so two runs started together
+// cannot both find it free.
+class RunDirLock {
+ public:
+  explicit RunDirLock(const std::string& dir);
+  ~RunDirLock();
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace meshtune
