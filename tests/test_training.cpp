@@ -452,6 +452,24 @@ TEST(FinetuneCli, BadArgumentsAreClearErrors) {
   CommandResult none = run_meshtune("finetune " + model + " --data " + empty + " --out " + root + "/o");
   EXPECT_EQ(none.exit_code, 1);
   EXPECT_NE(none.err.find("empty.jsonl"), std::string::npos) << none.err;
+  // Values that used to be taken as "unset" or trained on (issue 21): one line naming the flag and
+  // its range, nothing written.
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"finetune --lr nan", "--lr"}, {"finetune --lr -1", "--lr"}, {"finetune --weight-decay nan", "--weight-decay"},
+      {"finetune --beta1 2", "--beta1"}, {"finetune --beta2 nan", "--beta2"}, {"finetune --epsilon -1", "--epsilon"},
+      {"finetune --final-lr-fraction nan", "--final-lr-fraction"}, {"finetune --checkpoint-every -1", "--checkpoint-every"},
+      {"finetune --clipnorm 0", "--clipnorm"}, {"finetune --clipvalue -1", "--clipvalue"},
+      {"finetune --global-clipnorm nan", "--global-clipnorm"}, {"finetune --grad-accum 0", "--grad-accum"},
+      {"finetune --lora-rank 0", "--lora-rank"}, {"finetune --lora-alpha inf", "--lora-alpha"},
+      {"generate --prompt hi --max-length 0", "--max-length"}, {"generate --prompt hi --temperature inf", "--temperature"}};
+  for (const auto& [command, flag] : refused) {
+    const std::string verb = command.substr(0, command.find(' ')), flags = command.substr(command.find(' '));
+    const CommandResult r = run_meshtune(verb + " " + model + (verb == "finetune" ? " --data sample --steps 1 --seq-len 8 --out " + root + "/refused" : "") + flags);
+    EXPECT_EQ(r.exit_code, 1) << command << "\n" << r.err;
+    EXPECT_NE(r.err.find("meshtune: error: "), std::string::npos) << command << "\n" << r.err;
+    EXPECT_NE(r.err.find(flag), std::string::npos) << command << "\n" << r.err;
+  }
+  EXPECT_TRUE(run_outputs(root + "/refused").empty());
 }
 
 }  // namespace

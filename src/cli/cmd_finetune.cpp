@@ -2,6 +2,7 @@
 // The tutorial's enable_lora → compile(AdamW) → fit(data) → generate, in one command. Writes to
 // --out: checkpoint.safetensors (resumable), and at the end the LoRA adapter as Keras
 // `adapter.lora.h5` and as a PEFT directory `adapter/`, or for --full a Keras preset `model/`.
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -44,10 +45,12 @@ struct Options {
     size_t take = 0, validation_take = 0;
     uint64_t shuffle_seed = 0;
     bool no_shuffle = false, full = false, resume = false, overwrite = false, no_progress = false, epochs_given = false;
-    int seq_len = 128, batch_size = 2, epochs = 1, grad_accum = 1, lora_rank = 0;
+    int seq_len = 128, batch_size = 2, epochs = 1, grad_accum = 1;
+    std::optional<int> lora_rank;  // unset: 4 (LoRA), none (--full)
     int64_t steps = 0, checkpoint_every = 0, warmup_steps = 0;
     double lora_alpha = 0, lr = 5e-5, weight_decay = 0.01, beta_1 = 0.9, beta_2 = 0.999, epsilon = 1e-7;
-    double clipnorm = 0, clipvalue = 0, global_clipnorm = 0, final_lr_fraction = 0;
+    std::optional<double> clipnorm, clipvalue, global_clipnorm;  // unset: no clipping (Keras' None)
+    double final_lr_fraction = 0;
     std::string lora_targets = "query,value", lora_init, no_decay, schedule = "constant", log_jsonl, train_on = "responses";
     uint64_t lora_seed = 0;
     std::vector<std::string> sample_prompts;
@@ -132,9 +135,9 @@ static api::CompileOptions compile_options(const Options& o) {
   compile.beta_2 = o.beta_2;
   compile.epsilon = o.epsilon;
   compile.exclude_from_weight_decay = api::split_commas(o.no_decay);
-  compile.clipnorm = o.clipnorm;
-  compile.clipvalue = o.clipvalue;
-  compile.global_clipnorm = o.global_clipnorm;
+  compile.clipnorm = o.clipnorm.value_or(0);
+  compile.clipvalue = o.clipvalue.value_or(0);
+  compile.global_clipnorm = o.global_clipnorm.value_or(0);
   compile.schedule = o.schedule;
   compile.warmup_steps = o.warmup_steps;
   compile.final_lr_fraction = o.final_lr_fraction;
@@ -199,7 +202,12 @@ static int run_finetune(const Options& o) {
   check(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
   check(o.epochs >= 1, "--epochs must be at least 1, got ", o.epochs);
   check(o.steps >= 0, "--steps must not be negative, got ", o.steps);
-  check(!(o.full && (o.lora_rank > 0 || !o.lora_init.empty())), "--full cannot be combined with LoRA options");
+  check(!o.lora_rank || *o.lora_rank >= 1, "--lora-rank must be at least 1, got ", o.lora_rank.value_or(0));
+  for (const auto& [flag, value] : {std::pair{"--clipnorm", o.clipnorm}, {"--clipvalue", o.clipvalue},
+                                    {"--global-clipnorm", o.global_clipnorm}})
+    check(!value || (std::isfinite(*value) && *value > 0), flag, " must be finite and > 0 (leave it out for no clipping), got ",
+          value.value_or(0));
+  check(!(o.full && (o.lora_rank || !o.lora_init.empty())), "--full cannot be combined with LoRA options");
   check(!(o.resume && o.overwrite), "--resume and --overwrite cannot be combined");
   check(o.model.dtype_policy != "bfloat16",
         "--dtype-policy bfloat16 keeps the variables in bf16 (Keras' set_floatx(\"bfloat16\"), for inference); train "
@@ -223,10 +231,10 @@ static int run_finetune(const Options& o) {
   if (!o.full) {
     if (!o.lora_init.empty()) {
       lm.load_lora_weights(o.lora_init);
-      check(o.lora_rank == 0 || o.lora_rank == lm.lora()->rank, o.lora_init, ": adapter rank ", lm.lora()->rank,
-            " differs from --lora-rank ", o.lora_rank);
+      check(!o.lora_rank || *o.lora_rank == lm.lora()->rank, o.lora_init, ": adapter rank ", lm.lora()->rank,
+            " differs from --lora-rank ", o.lora_rank.value_or(0));
     } else {
-      lm.enable_lora({o.lora_rank > 0 ? o.lora_rank : 4, api::split_commas(o.lora_targets), o.lora_alpha, o.lora_seed});
+      lm.enable_lora({o.lora_rank.value_or(4), api::split_commas(o.lora_targets), o.lora_alpha, o.lora_seed});
     }
   }
   lm.compile(compile_options(o));

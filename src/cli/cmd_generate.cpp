@@ -1,4 +1,5 @@
 // meshtune generate MODEL --prompt TEXT [--prompt TEXT ...] [--max-length N] [--sampler ...] [--json]
+#include <optional>
 #include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -15,7 +16,7 @@ Runner add_generate_command(CLI::App& app) {
   struct Options {
     ModelOptions model;
     std::vector<std::string> prompts;
-    int max_length = 0;
+    std::optional<int> max_length;  // unset: the preset's sequence_length
     SamplerOptions sampler;
     int64_t seed = -1;
     std::vector<int> stop_ids;
@@ -49,7 +50,8 @@ Runner add_generate_command(CLI::App& app) {
     const api::GemmaCausalLM lm = api::GemmaCausalLM::from_preset(o->model.model, preset);
     if (lm.mesh() && lm.is_main_process()) std::cerr << "meshtune: " << lm.distribution_summary() << "\n";
     GenerateOptions options = lm.default_generate_options();
-    if (o->max_length != 0) options.max_length = o->max_length;
+    check(!o->max_length || *o->max_length >= 1, "--max-length must be at least 1, got ", o->max_length.value_or(0));
+    if (o->max_length) options.max_length = *o->max_length;
     options.sampler = o->sampler;
     if (o->seed >= 0) {
       options.sampler.seeded = true;

@@ -12,7 +12,8 @@ namespace meshtune {
 Sampler::Sampler(const SamplerOptions& o) : options_(o) {
   check(o.name == "greedy" || o.name == "top_k" || o.name == "top_p" || o.name == "random",
         "unknown sampler '", o.name, "' (expected greedy, top_k, top_p or random)");
-  check(o.temperature > 0, "--temperature must be positive, got ", o.temperature);
+  check(o.temperature > 0 && std::isfinite(o.temperature), "--temperature must be finite and positive, got ",
+        o.temperature);
   check(o.top_k >= 1, "--top-k must be at least 1, got ", o.top_k);
   check(o.top_p > 0 && o.top_p <= 1, "--top-p must be in (0, 1], got ", o.top_p);
   rng_.seed(o.seeded ? o.seed : std::random_device{}());
