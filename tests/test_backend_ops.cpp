@@ -138,7 +138,8 @@ OpCase low_rank_case() {
 std::vector<OpCase> norm_cases() {
   std::vector<OpCase> cases;
   // Small rows, and enough rows × width to take the threaded path.
-  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{3, 7}, {2, 33}, {300, 256}}) {
+  for (const std::pair<int64_t, int64_t>& shape : {std::pair<int64_t, int64_t>{3, 7}, {2, 33}, {300, 256}}) {
+    const int64_t rows = shape.first, dim = shape.second;  // named variables: lambdas capture them
     OpCase c;
     c.name = "rmsnorm_" + std::to_string(rows) + "x" + std::to_string(dim);
     c.make_inputs = [rows, dim] { return Inputs{random_vector(size_t(rows * dim), 9), random_vector(size_t(dim), 10, 0.5f)}; };
