@@ -1,12 +1,12 @@
 // bench_gemm: the matrix products of each weight precision on the Gemma-2B projection shapes,
 // one JSON line per (shape, implementation) on stdout.
-// - int8 (kernels/int8.h): `linear` with our own kernel on each CPU path the machine has, against
+// - int8 (backend/cpu/int8.h): `linear` with our own kernel on each CPU path the machine has, against
 //   the same job through oneDNN's s8 × s8 → s32 matmul (Debian libdnnl-dev, where the build found
 //   it). Each quantizes x per row, sums integer products and dequantizes (y = acc / (s_x·s_W)), and
 //   must give the reference's floats (checked).
 // - bf16 weights: fp32 inputs (sgemm on the widened weights), and bf16 inputs (the mixed_bfloat16
 //   policy, MatmulPrecision::BF16) through sgemm on the widened values and through oneDNN's bf16
-//   matmul — which of the two `linear` takes is bf16_matmul_uses_dot_products(); the two must
+//   matmul — which of the two `linear` takes is KernelPath::onednn_bf16; the two must
 //   agree to fp32 rounding (checked).
 //
 //   bench_gemm [--threads 2] [--repeat 5]
@@ -23,11 +23,11 @@
 
 #include "core/error.h"
 #include "backend/reference_backend.h"
-#include "kernels/cpu/features.h"
-#include "kernels/cpu/int8_dot.h"
-#include "kernels/cpu/onednn.h"
-#include "kernels/int8.h"
-#include "kernels/linear.h"
+#include "backend/cpu/kernel_path.h"
+#include "backend/cpu/isa/int8_dot.h"
+#include "backend/cpu/isa/onednn.h"
+#include "backend/cpu/int8.h"
+#include "backend/cpu/linear.h"
 #include "run_stats.h"
 
 using namespace meshtune;
@@ -79,17 +79,17 @@ void report(const Shape3& s, const char* weights, const std::string& impl, int t
 
 // bf16 weights: the fp32-input product and the two routes of the bf16-input one.
 void bench_bf16(const Shape3& s, int threads, int repeat) {
+  const CpuPath best = supported_cpu_paths().back();
+  const KernelPath sgemm = make_kernel_path(best, /*onednn_bf16=*/0), onednn = make_kernel_path(best, /*onednn_bf16=*/1);
   const WeightMatrix W = to_bf16_matrix(WeightMatrix::from_f32(s.N, s.K, normal_values(s.N * s.K, 1)));
   const std::vector<float> x = normal_values(s.M * s.K, 2);
   std::vector<float> y(size_t(s.M * s.N)), sgemm_route(y.size());
   report(s, "bf16", "fp32 inputs: sgemm on widened bf16", threads,
-         median_seconds(repeat, [&] { linear(x.data(), s.M, W, y.data()); }), {});
-  use_onednn_for_bf16(false);
+         median_seconds(repeat, [&] { linear(sgemm, x.data(), s.M, W, y.data()); }), {});
   report(s, "bf16", "bf16 inputs: sgemm on widened values", threads,
-         median_seconds(repeat, [&] { linear(x.data(), s.M, W, sgemm_route.data(), MatmulPrecision::BF16); }), {});
-  use_onednn_for_bf16(true);
-  if (bf16_matmul_uses_dot_products() && s.M > 4) {
-    const double t = median_seconds(repeat, [&] { linear(x.data(), s.M, W, y.data(), MatmulPrecision::BF16); });
+         median_seconds(repeat, [&] { linear(sgemm, x.data(), s.M, W, sgemm_route.data(), MatmulPrecision::BF16); }), {});
+  if (onednn.onednn_bf16 && s.M > 4) {
+    const double t = median_seconds(repeat, [&] { linear(onednn, x.data(), s.M, W, y.data(), MatmulPrecision::BF16); });
     double worst = 0, largest = 0;
     for (size_t i = 0; i < y.size(); ++i) {
       worst = std::max(worst, double(std::fabs(y[i] - sgemm_route[i])));
@@ -101,18 +101,15 @@ void bench_bf16(const Shape3& s, int threads, int repeat) {
   // The input gradient dx[M, K] = dy[M, N] · W (backward), fp32 and bf16 inputs.
   const std::vector<float> dy = normal_values(s.M * s.N, 3);
   std::vector<float> dx(size_t(s.M * s.K));
-  use_onednn_for_bf16(false);
   report(s, "bf16", "backward dx, fp32 inputs", threads,
-         median_seconds(repeat, [&] { linear_backward_input(dy.data(), s.M, W, dx.data()); }), {});
+         median_seconds(repeat, [&] { linear_backward_input(sgemm, dy.data(), s.M, W, dx.data()); }), {});
   report(s, "bf16", "backward dx, bf16 inputs: sgemm on widened values", threads, median_seconds(repeat, [&] {
-           linear_backward_input(dy.data(), s.M, W, dx.data(), false, MatmulPrecision::BF16);
+           linear_backward_input(sgemm, dy.data(), s.M, W, dx.data(), false, MatmulPrecision::BF16);
          }), {});
-  use_onednn_for_bf16(true);
-  if (bf16_matmul_uses_dot_products() && s.M > 4)
+  if (onednn.onednn_bf16 && s.M > 4)
     report(s, "bf16", "backward dx, bf16 inputs: oneDNN bf16 matmul", threads, median_seconds(repeat, [&] {
-             linear_backward_input(dy.data(), s.M, W, dx.data(), false, MatmulPrecision::BF16);
+             linear_backward_input(onednn, dy.data(), s.M, W, dx.data(), false, MatmulPrecision::BF16);
            }), {});
-  use_onednn_for_bf16(false);
 }
 
 }  // namespace
@@ -130,7 +127,6 @@ int main(int argc, char** argv) {
                              {"prefill down (128x2048x16384)", 128, 2048, 16384},
                              {"decode gate (1x16384x2048)", 1, 16384, 2048},
                              {"LM head chunk (131x256000x2048)", 131, 256000, 2048}};
-    const CpuPath best = cpu_path();
     for (const Shape3& s : shapes) {
       const WeightMatrix W = quantize_matrix_int8(WeightMatrix::from_f32(s.N, s.K, normal_values(s.N * s.K, 1)));
       const std::vector<float> x = normal_values(s.M * s.K, 2);
@@ -138,16 +134,12 @@ int main(int argc, char** argv) {
       auto int8_report = [&](const std::string& impl, double seconds, bool equal) {
         report(s, "int8", impl, threads, seconds, {{"equal_to_reference", equal}});
       };
-      set_cpu_path(best);
       ReferenceBackend().linear(x, s.M, W, want, MatmulPrecision::F32);
-      use_onednn_for_int8(false);  // our kernels at every row count
-      for (CpuPath path : supported_cpu_paths()) {
-        set_cpu_path(path);
-        const double t = median_seconds(repeat, [&] { linear(x.data(), s.M, W, got.data()); });
-        int8_report(std::string("meshtune ") + cpu_path_name(path), t, got == want);
+      for (CpuPath isa : supported_cpu_paths()) {
+        const KernelPath ours = make_kernel_path(isa, -1, /*onednn_int8=*/false);  // our kernels at every row count
+        const double t = median_seconds(repeat, [&] { linear(ours, x.data(), s.M, W, got.data()); });
+        int8_report(std::string("meshtune ") + cpu_path_name(isa), t, got == want);
       }
-      set_cpu_path(best);
-      use_onednn_for_int8(true);
       if (!cpu::onednn_available()) continue;
       // oneDNN at every shape, decode too (where linear_int8 would not take it): the same quantizing
       // of x as linear_int8, then the library's oneDNN route.

@@ -31,7 +31,7 @@
 #include "machine_limits.h"
 #include "run_stats.h"
 #include "model/gemma.h"
-#include "kernels/cpu/features.h"
+#include "backend/cpu/isa/features.h"
 #include "model/init.h"
 #include "store/load.h"
 #include "store/save.h"
@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
     j["cpu_features"] = meshtune::cpu_features().summary();
-    j["kernel_path"] = meshtune::cpu_path_name(meshtune::cpu_path());
+    j["kernel_path"] = meshtune::cpu_path_name(backend.path().isa);
     j["blas_core"] = openblas_get_corename();
     j["prompt_tokens"] = T;
     j["decode_tokens"] = o.decode;

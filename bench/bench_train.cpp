@@ -32,8 +32,8 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "io/safetensors.h"
-#include "kernels/cpu/features.h"
-#include "kernels/int8.h"
+#include "backend/cpu/isa/features.h"
+#include "backend/cpu/int8.h"
 #include "model/backward.h"
 #include "model/gemma.h"
 #include "model/init.h"
@@ -289,11 +289,11 @@ int main(int argc, char** argv) {
     j["shape"] = o.shape;
     j["weights"] = o.weights;
     j["dtype_policy"] = o.policy;
-    j["bf16_dot_products"] = o.policy != "float32" && bf16_matmul_uses_dot_products();
+    j["bf16_dot_products"] = o.policy != "float32" && backend.path().onednn_bf16;
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
     j["cpu_features"] = meshtune::cpu_features().summary();
-    j["kernel_path"] = meshtune::cpu_path_name(meshtune::cpu_path());
+    j["kernel_path"] = meshtune::cpu_path_name(backend.path().isa);
     j["blas_core"] = openblas_get_corename();
     j["batch"] = B;
     j["seq_len"] = T;

@@ -12,7 +12,7 @@
 
 #include <immintrin.h>
 
-#include "kernels/cpu/features.h"
+#include "backend/cpu/isa/features.h"
 
 // GCC 12 warns falsely inside _mm512_reduce_add_ps.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -55,7 +55,7 @@ void share(size_t bytes, int t, int n, size_t& begin, size_t& end) {
 
 // The read probe sums the buffer with the widest adds the CPU has and eight independent sums, so
 // the adds keep up with memory whatever the build's baseline (a plain loop is one dependent add
-// per float: 9 GB/s here against 27). Chosen as the kernels are (kernels/cpu/features.h).
+// per float: 9 GB/s here against 27). Chosen as the kernels are (backend/cpu/isa/features.h).
 __attribute__((target("avx512f"))) float sum_floats_avx512(const float* p, size_t n) {
   __m512 a[8];
   for (auto& v : a) v = _mm512_setzero_ps();
@@ -95,7 +95,7 @@ float sum_floats_generic(const float* p, size_t n) {
 }
 
 float sum_floats(const float* p, size_t n) {
-  switch (cpu_path()) {
+  switch (supported_cpu_paths().back()) {  // the best this CPU has
     case CpuPath::Avx512:
     case CpuPath::Avx512Bf16: return sum_floats_avx512(p, n);
     case CpuPath::Avx2: return sum_floats_avx2(p, n);

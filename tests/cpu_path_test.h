@@ -1,38 +1,38 @@
-// A fixture for tests that run once per CPU path (kernels/cpu/features.h): each instance switches
-// the kernels to its path and back; a path this CPU lacks is skipped (and says so).
+// A fixture for tests that run once per CPU path (backend/cpu/isa/features.h): each instance makes
+// its own CpuBackend on its path (the path is the backend's, not the process'); a path this CPU
+// lacks is skipped (and says so).
 #pragma once
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 
-#include "kernels/cpu/features.h"
+#include "backend/cpu_backend.h"
 
 namespace meshtune::testing {
+
+// A CpuBackend on `isa` (the CPU must support it), with oneDNN's products as the path would take them
+// unless told otherwise.
+inline std::unique_ptr<CpuBackend> cpu_backend_on(CpuPath isa, bool onednn_int8 = true,
+                                                  std::optional<bool> onednn_bf16 = std::nullopt) {
+  CpuBackendOptions options;
+  options.isa = isa;
+  options.onednn_int8 = onednn_int8;
+  options.onednn_bf16 = onednn_bf16;
+  return std::make_unique<CpuBackend>(options);
+}
 
 class CpuPathTest : public ::testing::TestWithParam<CpuPath> {
  protected:
   void SetUp() override {
     if (!cpu_supports(GetParam())) GTEST_SKIP() << "this CPU has no " << cpu_path_name(GetParam()) << " path";
-    saved_ = cpu_path();
-    set_cpu_path(GetParam());
+    backend_ = cpu_backend_on(GetParam());
   }
-  void TearDown() override {
-    if (cpu_supports(GetParam())) set_cpu_path(saved_);
-  }
-  CpuPath saved_ = CpuPath::Generic;
-};
-
-// Switches the kernels to `path` for a scope, for tests parameterised on more than the path
-// (check cpu_supports(path) first and skip).
-class ScopedCpuPath {
- public:
-  explicit ScopedCpuPath(CpuPath path) : saved_(cpu_path()) { set_cpu_path(path); }
-  ~ScopedCpuPath() { set_cpu_path(saved_); }
-  ScopedCpuPath(const ScopedCpuPath&) = delete;
-  ScopedCpuPath& operator=(const ScopedCpuPath&) = delete;
+  CpuBackend& backend() { return *backend_; }
+  const KernelPath& path() const { return backend_->path(); }
 
  private:
-  CpuPath saved_;
+  std::unique_ptr<CpuBackend> backend_;
 };
 
 // INSTANTIATE_TEST_SUITE_P(CpuPaths, Suite, kEveryCpuPath, cpu_path_test_name);

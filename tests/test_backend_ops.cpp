@@ -16,7 +16,7 @@
 #include "backend/reference_backend.h"
 #include "core/error.h"
 #include "cpu_path_test.h"
-#include "kernels/int8.h"
+#include "backend/cpu/int8.h"
 #include "test_util.h"
 
 using namespace meshtune;
@@ -462,10 +462,10 @@ class BackendOps : public ::testing::TestWithParam<std::tuple<std::string, CpuPa
 TEST_P(BackendOps, CpuMatchesReference) {
   const auto& [name, path] = GetParam();
   if (!cpu_supports(path)) GTEST_SKIP() << "this CPU has no " << cpu_path_name(path) << " path";
-  meshtune::testing::ScopedCpuPath scoped(path);
   const OpCase& c = find_case(name);
   ReferenceBackend reference;
-  CpuBackend cpu;
+  const std::unique_ptr<CpuBackend> owned = meshtune::testing::cpu_backend_on(path);
+  CpuBackend& cpu = *owned;
   Inputs in_ref = c.make_inputs(), in_cpu = c.make_inputs();
   const Inputs want = c.forward(reference, in_ref), got = c.forward(cpu, in_cpu);
   expect_close(got, want, c.tolerance, cpu.name() + " " + name + " forward");

@@ -12,13 +12,19 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cross_entropy.h"
+#include "backend/cpu/cross_entropy.h"
 #include "test_util.h"
 
 using namespace meshtune;
 using meshtune::testing::random_vector;
 
 namespace {
+
+// The CPU kernels on the best path this machine has (the registry covers every path op by op).
+const KernelPath& best_path() {
+  static const KernelPath path = make_kernel_path(supported_cpu_paths().back());
+  return path;
+}
 
 // Central differences of loss() in every element of x (which loss reads by reference), compared
 // with `analytic`: asserts |fd − analytic| ≤ tol·max(1, |analytic|) and returns the largest
@@ -61,7 +67,7 @@ std::array<double, 3> loss_by_parts(const std::vector<float>& z, int64_t n, int6
   std::vector<double> total(size_t(2 * n), 0.0);
   for (int p = 0; p < parts; ++p) {
     softmax_combine_max(gathered.data(), parts, n, stats[size_t(p)]);
-    softmax_row_sums(blocks[size_t(p)].data(), n, part, p * part, targets.data(), rows.data(), stats[size_t(p)]);
+    softmax_row_sums(best_path(), blocks[size_t(p)].data(), n, part, p * part, targets.data(), rows.data(), stats[size_t(p)]);
     for (size_t i = 0; i < total.size(); ++i) total[i] += stats[size_t(p)].sum_exp_and_target[i];
   }
   stats[0].sum_exp_and_target = total;
@@ -111,12 +117,12 @@ TEST(CrossEntropy, MatchesFp64AndSplitsOverTheVocabulary) {
   std::vector<float> dz = capped(z);
   SoftmaxRows stats;
   softmax_row_max(dz.data(), n, V, 0, stats);
-  softmax_row_sums(dz.data(), n, V, 0, targets.data(), rows.data(), stats);
-  softmax_cross_entropy_backward(dz.data(), n, V, 0, targets.data(), weights.data(), rows.data(), scale, stats, cap);
+  softmax_row_sums(best_path(), dz.data(), n, V, 0, targets.data(), rows.data(), stats);
+  softmax_cross_entropy_backward(best_path(), dz.data(), n, V, 0, targets.data(), weights.data(), rows.data(), scale, stats, cap);
   z[size_t(2 * V + 7)] = z[size_t(2 * V + 40)] = 2.f;  // away from the flat top of tanh for differencing
   dz = capped(z);
   softmax_row_max(dz.data(), n, V, 0, stats);
-  softmax_row_sums(dz.data(), n, V, 0, targets.data(), rows.data(), stats);
-  softmax_cross_entropy_backward(dz.data(), n, V, 0, targets.data(), weights.data(), rows.data(), scale, stats, cap);
+  softmax_row_sums(best_path(), dz.data(), n, V, 0, targets.data(), rows.data(), stats);
+  softmax_cross_entropy_backward(best_path(), dz.data(), n, V, 0, targets.data(), weights.data(), rows.data(), scale, stats, cap);
   check_fp32_gradient(z, dz, loss, 1e-2f, 2e-3, "cross-entropy");
 }

@@ -1,5 +1,5 @@
 // Keras' dtype policies (--dtype-policy): under mixed_bfloat16 and bfloat16 the projections, the
-// tied head and their input gradients take bf16 inputs with fp32 sums (kernels/linear.h
+// tied head and their input gradients take bf16 inputs with fp32 sums (backend/cpu/linear.h
 // MatmulPrecision::BF16). The kernel on every CPU path (oneDNN's bf16 matmul on the avx512bf16
 // path, the widening fallback elsewhere) against the plain loop over the same rounded inputs; the
 // model against fp32: logits within bf16 tolerance, LoRA gradients pointing the same way (cosine ≥
@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "cpu_path_test.h"
-#include "kernels/linear.h"
+#include "backend/cpu/linear.h"
 #include "model/lora.h"
 #include "store/load.h"
 #include "test_util.h"
@@ -38,8 +38,8 @@ void expect_close_sums(const std::vector<float>& got, const std::vector<float>& 
 // On the avx512bf16 path both routes: oneDNN's bf16 matmul and the widened values through sgemm.
 TEST_P(Bf16Matmul, ForwardAndInputGradientEqualThePlainLoopOverRoundedInputs) {
   for (const bool onednn : {false, true}) {
-    use_onednn_for_bf16(onednn);
-    if (onednn && !bf16_matmul_uses_dot_products()) continue;  // not this path, or no oneDNN
+    const KernelPath k = make_kernel_path(GetParam(), onednn ? 1 : 0);
+    if (onednn && !k.onednn_bf16) continue;  // not this path, or no oneDNN
     SCOPED_TRACE(onednn ? "oneDNN bf16 matmul" : "widened values through sgemm");
     for (const DType dtype : {DType::F32, DType::BF16})
       for (const int64_t M : {1, 3, 5, 17, 64})
@@ -49,7 +49,7 @@ TEST_P(Bf16Matmul, ForwardAndInputGradientEqualThePlainLoopOverRoundedInputs) {
           const WeightMatrix W = random_matrix(rows, cols, dtype, uint32_t(M * 7 + rows));
           const std::vector<float> x = random_vector(size_t(M * cols), uint32_t(cols + M));
           std::vector<float> y(size_t(M * rows)), want(y.size());
-          linear(x.data(), M, W, y.data(), MatmulPrecision::BF16);
+          linear(k, x.data(), M, W, y.data(), MatmulPrecision::BF16);
           reference_linear(x.data(), M, W, want.data(), MatmulPrecision::BF16);
           std::vector<double> scale(y.size());
           for (int64_t m = 0; m < M; ++m)
@@ -73,14 +73,13 @@ TEST_P(Bf16Matmul, ForwardAndInputGradientEqualThePlainLoopOverRoundedInputs) {
               dx_want[size_t(m * cols + c)] = float(acc);
             }
           std::vector<float> overwritten(dx.size());
-          linear_backward_input(dy.data(), M, W, overwritten.data(), false, MatmulPrecision::BF16);
+          linear_backward_input(k, dy.data(), M, W, overwritten.data(), false, MatmulPrecision::BF16);
           expect_close_sums(overwritten, dx_want, dx_scale, "dx " + what.str());
-          linear_backward_input(dy.data(), M, W, dx.data(), true, MatmulPrecision::BF16);
+          linear_backward_input(k, dy.data(), M, W, dx.data(), true, MatmulPrecision::BF16);
           for (float& v : dx_want) v += 0.5f;
           expect_close_sums(dx, dx_want, dx_scale, "dx accumulated " + what.str());
         }
   }
-  use_onednn_for_bf16(false);
 }
 
 // Rounding the inputs is what the precision means: bf16 results differ from fp32 ones.
@@ -88,8 +87,8 @@ TEST_P(Bf16Matmul, DiffersFromFp32) {
   const WeightMatrix W = random_matrix(64, 96, DType::F32, 5);
   const std::vector<float> x = random_vector(size_t(8 * 96), 6);
   std::vector<float> f32(size_t(8 * 64)), bf16(f32.size());
-  linear(x.data(), 8, W, f32.data());
-  linear(x.data(), 8, W, bf16.data(), MatmulPrecision::BF16);
+  linear(path(), x.data(), 8, W, f32.data());
+  linear(path(), x.data(), 8, W, bf16.data(), MatmulPrecision::BF16);
   double worst = 0;
   for (size_t i = 0; i < f32.size(); ++i) worst = std::max(worst, double(std::fabs(f32[i] - bf16[i])));
   EXPECT_GT(worst, 1e-4);

@@ -29,7 +29,8 @@ class KerasFixtureOnEveryPath : public ::testing::TestWithParam<std::tuple<Keras
 TEST_P(KerasFixtureOnEveryPath, EveryRecordedArrayWithin1e4) {
   const auto& [c, path] = GetParam();
   if (!cpu_supports(path)) GTEST_SKIP() << "this CPU has no " << cpu_path_name(path) << " path";
-  ScopedCpuPath scoped(path);
+  const std::unique_ptr<CpuBackend> backend = meshtune::testing::cpu_backend_on(path);
+  const Context ctx{*backend, MatmulPrecision::F32};
   const std::string out = fixture(c.outputs) + "/";
   GemmaModel model = load_model(inspect_model_dir(fixture(c.preset)));
   HostTensor ids_t = read_npy(out + "token_ids.npy");
@@ -40,9 +41,9 @@ TEST_P(KerasFixtureOnEveryPath, EveryRecordedArrayWithin1e4) {
   for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = uint8_t(mask[i]);
   ForwardTrace trace;
   const std::vector<float> hidden =
-      meshtune::testing::to_host(backbone_forward(meshtune::testing::cpu_context(), model, ids.data(), B, T, 0, cache, &trace));
+      meshtune::testing::to_host(backbone_forward(ctx, model, ids.data(), B, T, 0, cache, &trace));
   std::vector<float> logits(size_t(B * T * V));
-  lm_head(meshtune::testing::cpu_context(), model, hidden, B * T, logits);
+  lm_head(ctx, model, hidden, B * T, logits);
 
   EXPECT_LT(max_diff_valid(trace.embedding_lookup, npy_floats(out + "embedding_lookup.npy"), mask, D), 1e-4);
   EXPECT_LT(max_diff_valid(trace.embedding_scaled, npy_floats(out + "embedding_scaled.npy"), mask, D), 1e-4);
@@ -55,7 +56,7 @@ TEST_P(KerasFixtureOnEveryPath, EveryRecordedArrayWithin1e4) {
   EXPECT_LT(max_diff_valid(logits, npy_floats(out + "logits.npy"), mask, V), 1e-4);
   if (model.config.final_logit_soft_cap > 0) {
     std::vector<float> raw(logits.size());
-    linear(hidden.data(), B * T, model.embeddings, raw.data());
+    backend->linear(hidden, B * T, model.embeddings, raw, MatmulPrecision::F32);
     EXPECT_LT(max_diff_valid(raw, npy_floats(out + "logits_before_soft_cap.npy"), mask, V), 1e-4);
   }
 }

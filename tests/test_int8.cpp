@@ -16,8 +16,9 @@
 #include "generate/generate.h"
 #include "io/keras_h5.h"
 #include "io/npy.h"
-#include "kernels/cpu/features.h"
-#include "kernels/int8.h"
+#include "backend/cpu/isa/features.h"
+#include "backend/cpu/int8.h"
+#include "backend/cpu/linear.h"
 #include "model/backward.h"
 #include "model/lora.h"
 #include "store/load.h"
@@ -40,12 +41,15 @@ WeightMatrix random_int8_matrix(int64_t rows, int64_t cols, uint32_t seed) {
 
 bool bit_equal(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
 
+// The kernels on the best path this machine has (the per-path tests take each path).
+KernelPath best_path() { return make_kernel_path(supported_cpu_paths().back()); }
+
 class Int8Linear : public CpuPathTest {};
 
 // Integer sums are exact, so every path must give the reference's floats bit for bit — over row
 // counts and widths that are not multiples of the SIMD width, the row blocks or the thread split.
 // Our own kernels at every row count (oneDNN off), then with oneDNN taking the larger ones.
-void expect_every_shape_equals_reference() {
+void expect_every_shape_equals_reference(const KernelPath& path) {
   for (int64_t M : {1, 2, 3, 4, 5, 7, 130})
     for (int64_t rows : {1, 3, 17, 61, 257})
       for (int64_t cols : {1, 15, 16, 17, 31, 33, 100, 2049}) {
@@ -53,7 +57,7 @@ void expect_every_shape_equals_reference() {
         const WeightMatrix w = random_int8_matrix(rows, cols, uint32_t(rows * 131 + cols));
         const std::vector<float> x = random_vector(size_t(M * cols), uint32_t(M * 7 + cols));
         std::vector<float> y(size_t(M * rows), NAN), ref(size_t(M * rows));
-        linear(x.data(), M, w, y.data());
+        linear(path, x.data(), M, w, y.data());
         reference_linear(x.data(), M, w, ref.data());
         int failures = 0;
         for (size_t i = 0; i < y.size() && failures < 3; ++i)
@@ -65,11 +69,9 @@ void expect_every_shape_equals_reference() {
 }
 
 TEST_P(Int8Linear, EveryPathEqualsTheReferenceBitForBit) {
-  use_onednn_for_int8(false);
-  expect_every_shape_equals_reference();
-  use_onednn_for_int8(true);
-  if (!int8_uses_onednn(5)) GTEST_SKIP() << "built without oneDNN";
-  expect_every_shape_equals_reference();
+  expect_every_shape_equals_reference(make_kernel_path(GetParam(), -1, /*onednn_int8=*/false));
+  if (!int8_uses_onednn(path(), 5)) GTEST_SKIP() << "built without oneDNN";
+  expect_every_shape_equals_reference(path());
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuPaths, Int8Linear, kEveryCpuPath, cpu_path_test_name);
@@ -97,8 +99,9 @@ TEST(Int8Linear, BackwardUsesTheDequantizedWeights) {
   const WeightMatrix dequantized = WeightMatrix::from_f32(w.rows, w.cols, w.to_f32());
   const std::vector<float> dy = random_vector(5 * 37, 4);
   std::vector<float> dx(5 * 70), want(5 * 70);
-  linear_backward_input(dy.data(), 5, w, dx.data());
-  linear_backward_input(dy.data(), 5, dequantized, want.data());
+  const KernelPath path = best_path();
+  linear_backward_input(path, dy.data(), 5, w, dx.data());
+  linear_backward_input(path, dy.data(), 5, dequantized, want.data());
   EXPECT_EQ(dx, want);
   EXPECT_EQ(w.at(3, 5), float(w.i8()[3 * 70 + 5]) / w.scales[3]);
 }
@@ -109,11 +112,11 @@ TEST(Int8Linear, TooWideForInt32SumsIsAnError) {
   EXPECT_THROW(quantize_matrix_int8(wide), Error);
   WeightMatrix codes = random_int8_matrix(1, kMaxInt8Columns, 9);  // the widest allowed works
   std::vector<float> x(kMaxInt8Columns, 1.f), y(1), ref(1);
-  linear(x.data(), 1, codes, y.data());
+  linear(best_path(), x.data(), 1, codes, y.data());
   reference_linear(x.data(), 1, codes, ref.data());
   EXPECT_TRUE(bit_equal(y[0], ref[0]));
   codes.cols = kMaxInt8Columns + 1;  // a hostile view
-  EXPECT_THROW(linear_int8(x.data(), 1, codes, y.data()), Error);
+  EXPECT_THROW(linear_int8(best_path(), x.data(), 1, codes, y.data()), Error);
 }
 
 // ---- against Keras ------------------------------------------------------------------------------
@@ -176,7 +179,7 @@ TEST(Int8Keras, EveryLayerOfBlock0AndTheHeadBitIdentical) {
                                                                                         : trace + "_output.npy");
     std::vector<float> y(size_t(M * layer.w->rows));
     ASSERT_EQ(y.size(), want.size());
-    linear(x.data(), M, *layer.w, y.data());
+    linear(best_path(), x.data(), M, *layer.w, y.data());
     size_t differ = 0;
     for (size_t i = 0; i < y.size(); ++i) differ += !bit_equal(y[i], want[i]);
     EXPECT_EQ(differ, 0u) << "of " << y.size() << " outputs";

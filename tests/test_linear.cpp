@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "cpu_path_test.h"
-#include "kernels/cpu/features.h"
-#include "kernels/linear.h"
+#include "backend/cpu/isa/features.h"
+#include "backend/cpu/linear.h"
 #include "test_util.h"
 
 namespace meshtune {
@@ -55,13 +55,13 @@ std::vector<float> random_input(int64_t M, int64_t cols, uint32_t seed) {
 // Every y[m, r] must be within `tol` of the reference, relative to Σ_k |x[m,k]·W[r,k]| (the scale
 // of the rounding error of any summation order; a bare |y| can be near zero by cancellation).
 // bf16 weights are widened exactly, so they get the same fp32 tolerance.
-void expect_matches_reference(int64_t M, int64_t rows, int64_t cols, DType dtype, double tol = 1e-5) {
+void expect_matches_reference(const KernelPath& path, int64_t M, int64_t rows, int64_t cols, DType dtype, double tol = 1e-5) {
   SCOPED_TRACE("M=" + std::to_string(M) + " rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) +
                " dtype=" + dtype_name(dtype));
   const WeightMatrix w = random_weights(rows, cols, dtype, uint32_t(rows * 1000 + cols));
   const std::vector<float> x = random_input(M, cols, uint32_t(M * 7 + cols));
   std::vector<float> y(static_cast<size_t>(M * rows), NAN), ref(static_cast<size_t>(M * rows));
-  linear(x.data(), M, w, y.data());
+  linear(path, x.data(), M, w, y.data());
   reference_linear(x.data(), M, w, ref.data());
   int failures = 0;
   for (int64_t m = 0; m < M && failures < 5; ++m)
@@ -85,13 +85,13 @@ const int64_t kDims[] = {1, 3, 17, 61, 100, 257};
 TEST_P(Linear, F32OddShapes) {
   for (int64_t M : kRowCounts)
     for (int64_t rows : kDims)
-      for (int64_t cols : kDims) expect_matches_reference(M, rows, cols, DType::F32);
+      for (int64_t cols : kDims) expect_matches_reference(path(), M, rows, cols, DType::F32);
 }
 
 TEST_P(Linear, Bf16OddShapes) {
   for (int64_t M : kRowCounts)
     for (int64_t rows : kDims)
-      for (int64_t cols : kDims) expect_matches_reference(M, rows, cols, DType::BF16);
+      for (int64_t cols : kDims) expect_matches_reference(path(), M, rows, cols, DType::BF16);
 }
 
 // Shapes large enough to cross the bf16 widening blocks and give each thread several row blocks,
@@ -99,8 +99,8 @@ TEST_P(Linear, Bf16OddShapes) {
 TEST_P(Linear, LargerShapesCrossBlocks) {
   for (DType dtype : {DType::F32, DType::BF16})
     for (int64_t M : {1, 3, 4, 5, 130}) {
-      expect_matches_reference(M, 1027, 2049, dtype);
-      expect_matches_reference(M, 3001, 67, dtype);
+      expect_matches_reference(path(), M, 1027, 2049, dtype);
+      expect_matches_reference(path(), M, 3001, 67, dtype);
     }
 }
 
@@ -113,7 +113,7 @@ TEST_P(Linear, ThreadCounts) {
     omp_set_num_threads(threads);
     for (DType dtype : {DType::F32, DType::BF16})
       for (int64_t M : {1, 2, 4, 7})
-        for (int64_t rows : {1, 5, 61, 257}) expect_matches_reference(M, rows, 100, dtype);
+        for (int64_t rows : {1, 5, 61, 257}) expect_matches_reference(path(), M, rows, 100, dtype);
   }
   omp_set_num_threads(saved);
 }
@@ -126,7 +126,7 @@ TEST_P(Linear, InsideParallelRegion) {
   reference_linear(x.data(), 5, w, ref.data());
   std::vector<std::vector<float>> ys(2, std::vector<float>(5 * 61, NAN));
 #pragma omp parallel for num_threads(2)
-  for (int i = 0; i < 2; ++i) linear(x.data(), i == 0 ? 1 : 5, w, ys[size_t(i)].data());
+  for (int i = 0; i < 2; ++i) linear(path(), x.data(), i == 0 ? 1 : 5, w, ys[size_t(i)].data());
   for (int64_t r = 0; r < 61; ++r) EXPECT_NEAR(ys[0][size_t(r)], ref[size_t(r)], 1e-4);
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(ys[1][i], ref[i], 1e-4);
 }
@@ -135,7 +135,7 @@ TEST_P(Linear, WideningMatchesTheScalarConversion) {
   std::vector<uint16_t> bits(1003);
   for (size_t i = 0; i < bits.size(); ++i) bits[i] = uint16_t(i * 977 + 13);  // every exponent, signs, NaNs
   std::vector<float> wide(bits.size(), -1.f);
-  widen_bf16(bits.data(), int64_t(bits.size()), wide.data());
+  widen_bf16(path(), bits.data(), int64_t(bits.size()), wide.data());
   for (size_t i = 0; i < bits.size(); ++i) {
     const float want = bf16_to_f32(bits[i]);
     if (std::isnan(want)) EXPECT_TRUE(std::isnan(wide[i])) << i;

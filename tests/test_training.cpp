@@ -92,7 +92,7 @@ class TorchLoraFixture : public ::testing::TestWithParam<std::tuple<std::string,
 TEST_P(TorchLoraFixture, LossGradientsAndAdamStepsMatchPyTorch) {
   const auto& [style_name, path] = GetParam();
   if (!cpu_supports(path)) GTEST_SKIP() << "this CPU has no " << cpu_path_name(path) << " path";
-  ScopedCpuPath scoped(path);
+  const std::unique_ptr<CpuBackend> backend = meshtune::testing::cpu_backend_on(path);
   const auto npz = read_npz(fixture("torch/loragrad_tiny-gemma_" + style_name + ".npz"));
   const LoraStyle style = style_name == "keras" ? LoraStyle::Keras : LoraStyle::Peft;
   GemmaModel base = load_model(inspect_model_dir(fixture("hf/tiny-gemma/checkpoint")));
@@ -103,7 +103,7 @@ TEST_P(TorchLoraFixture, LossGradientsAndAdamStepsMatchPyTorch) {
   options.adamw.learning_rate = 1e-2;
   options.adamw.weight_decay = 0.01;
   options.schedule.base = 1e-2;
-  Trainer trainer(meshtune::testing::cpu_backend(), MatmulPrecision::F32, base, fixture_lora(npz, c, style), options);
+  Trainer trainer(*backend, MatmulPrecision::F32, base, fixture_lora(npz, c, style), options);
 
   // Step 1 computes the loss and gradients at the fixture's starting point.
   std::vector<std::vector<float>> before;

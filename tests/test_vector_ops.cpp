@@ -1,4 +1,4 @@
-// The vector loops of the elementwise kernels (kernels/cpu/vector_ops.h), on every CPU path this
+// The vector loops of the elementwise kernels (backend/cpu/isa/vector_ops.h), on every CPU path this
 // machine has, against plain loops in double (AdamW: in fp32, bit for bit).
 
 // The AdamW reference rounds every operation separately, as the kernel must.
@@ -17,7 +17,7 @@
 
 #include "core/tensor.h"
 #include "cpu_path_test.h"
-#include "kernels/cpu/vector_ops.h"
+#include "backend/cpu/isa/vector_ops.h"
 #include "test_util.h"
 
 namespace meshtune {
@@ -31,7 +31,7 @@ const int64_t kLengths[] = {1, 3, 8, 15, 16, 31, 32, 33, 64, 100, 257, 2048 + 7}
 
 class VectorOps : public CpuPathTest {
  protected:
-  const cpu::VectorOps& ops() const { return cpu::vector_ops(); }
+  const cpu::VectorOps& ops() const { return path().ops(); }
 };
 
 // |a − b| ≤ tol·scale, where scale is the size of the terms that made b.

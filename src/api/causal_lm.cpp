@@ -13,7 +13,6 @@
 #include "backend/reference_backend.h"
 #include "core/error.h"
 #include "distribution/communicator.h"
-#include "kernels/linear.h"
 #include "model/variables.h"
 #include "store/checkpoint.h"
 #include "store/lora_files.h"
@@ -93,9 +92,6 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
   const bool bf16_policy = options.dtype_policy != "float32";
   load.bf16_matrices = bf16_policy && !options.train_all_weights;
   lm.base_rounded_to_bf16_ = load.bf16_matrices;
-  // Reads MESHTUNE_BF16_MATMUL now, so that a bad value is an error even where every product would
-  // take the few-row path that never asks.
-  if (bf16_policy) bf16_matmul_uses_dot_products();
   lm.model_ = load_model(lm.dir_, load);
   if (bf16_policy) lm.precision_ = MatmulPrecision::BF16;
   lm.config_ = lm.model_.config;

@@ -16,11 +16,8 @@
 #include <string>
 
 #include "core/buffer.h"
-#include "kernels/adamw.h"
-#include "kernels/attention.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/linear.h"
-#include "kernels/low_rank.h"
+#include "backend/op_types.h"
+#include "core/weight_matrix.h"
 
 namespace meshtune {
 
@@ -83,7 +80,7 @@ class Backend : public Allocator {
   void soft_cap(Floats x, int64_t n, float cap);
   void soft_cap_backward(ConstFloats y, Floats dy, int64_t n, float cap);
 
-  // ---- the chunked softmax cross-entropy (kernels/cross_entropy.h: steps a split vocabulary
+  // ---- the chunked softmax cross-entropy (backend/cpu/cross_entropy.h: steps a split vocabulary
   // combines between; rows and targets index the host batch, the statistics are host values) ----
   void softmax_row_max(ConstFloats z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats);
   void softmax_row_sums(ConstFloats z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,

@@ -1,15 +1,44 @@
 #include "backend/cpu_backend.h"
 
-#include "kernels/activation.h"
-#include "kernels/cpu/features.h"
-#include "kernels/int8.h"
-#include "kernels/rmsnorm.h"
-#include "kernels/rope.h"
-#include "kernels/tensor_ops.h"
+#include <cstdlib>
+
+#include "core/error.h"
+#include "backend/cpu/activation.h"
+#include "backend/cpu/adamw.h"
+#include "backend/cpu/attention.h"
+#include "backend/cpu/cross_entropy.h"
+#include "backend/cpu/int8.h"
+#include "backend/cpu/isa/features.h"
+#include "backend/cpu/linear.h"
+#include "backend/cpu/low_rank.h"
+#include "backend/cpu/rmsnorm.h"
+#include "backend/cpu/rope.h"
+#include "backend/cpu/tensor_ops.h"
 
 namespace meshtune {
 
-std::string CpuBackend::name() const { return std::string("cpu (") + cpu_path_name(cpu_path()) + ")"; }
+CpuBackendOptions CpuBackendOptions::from_environment() {
+  CpuBackendOptions options;
+  if (const char* isa = std::getenv("MESHTUNE_CPU"); isa && *isa) {
+    options.isa = cpu_path_named(isa, "MESHTUNE_CPU=");
+    options.isa_forced = true;
+  }
+  if (const char* bf16 = std::getenv("MESHTUNE_BF16_MATMUL"); bf16 && *bf16) {
+    const std::string choice = bf16;
+    check(choice == "onednn" || choice == "sgemm", "MESHTUNE_BF16_MATMUL=", brief(choice), ": expected onednn or sgemm");
+    options.onednn_bf16 = choice == "onednn";
+  }
+  return options;
+}
+
+CpuBackend::CpuBackend(const CpuBackendOptions& options)
+    : path_(make_kernel_path(options.isa.value_or(supported_cpu_paths().back()),
+                             options.onednn_bf16 ? int(*options.onednn_bf16) : -1, options.onednn_int8)),
+      isa_forced_(options.isa_forced) {}
+
+std::vector<std::string> CpuBackend::report() const { return kernel_report(path_, isa_forced_); }
+
+std::string CpuBackend::name() const { return std::string("cpu (") + cpu_path_name(path_.isa) + ")"; }
 
 void* CpuBackend::allocate_impl(size_t bytes) { return allocate_host(bytes); }
 void CpuBackend::release_impl(void* p) { free_host(p); }
@@ -18,12 +47,12 @@ void CpuBackend::download_impl(const float* device, size_t n, float* host) { cop
 
 void CpuBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
                              const float* x_row_max) {
-  if (W.dtype == DType::I8 && x_row_max) return linear_int8(x, M, W, y, x_row_max);
-  meshtune::linear(x, M, W, y, precision);
+  if (W.dtype == DType::I8 && x_row_max) return linear_int8(path_, x, M, W, y, x_row_max);
+  meshtune::linear(path_, x, M, W, y, precision);
 }
 void CpuBackend::linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,
                                             bool accumulate, MatmulPrecision precision) {
-  meshtune::linear_backward_input(dy, M, W, dx, accumulate, precision);
+  meshtune::linear_backward_input(path_, dy, M, W, dx, accumulate, precision);
 }
 void CpuBackend::linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
                                              float* dW) {
@@ -40,32 +69,32 @@ void CpuBackend::row_abs_max_impl(const float* x, int64_t rows, int64_t cols, fl
   meshtune::row_abs_max(x, rows, cols, out);
 }
 void CpuBackend::rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) {
-  meshtune::rmsnorm(x, scale, rows, dim, eps, y);
+  meshtune::rmsnorm(path_, x, scale, rows, dim, eps, y);
 }
 void CpuBackend::rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
                                        const float* dy, float* dx, float* dscale) {
-  meshtune::rmsnorm_backward(x, scale, rows, dim, eps, dy, dx, dscale);
+  meshtune::rmsnorm_backward(path_, x, scale, rows, dim, eps, dy, dx, dscale);
 }
 void CpuBackend::rope_impl(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
                            float base, float scaling) {
-  meshtune::rope(x, tokens, heads, head_dim, positions, base, scaling);
+  meshtune::rope(path_, x, tokens, heads, head_dim, positions, base, scaling);
 }
 void CpuBackend::rope_backward_impl(float* dx, int64_t tokens, int64_t heads, int64_t head_dim,
                                     const int64_t* positions, float base, float scaling) {
-  meshtune::rope_backward(dx, tokens, heads, head_dim, positions, base, scaling);
+  meshtune::rope_backward(path_, dx, tokens, heads, head_dim, positions, base, scaling);
 }
 void CpuBackend::attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                                 const AttentionShape& s, float* out) {
-  meshtune::attention(q, k, v, key_valid, s, out);
+  meshtune::attention(path_, q, k, v, key_valid, s, out);
 }
 void CpuBackend::attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                                          const AttentionShape& s, const float* dout, float* dq, float* dk, float* dv) {
-  meshtune::attention_backward(q, k, v, key_valid, s, dout, dq, dk, dv);
+  meshtune::attention_backward(path_, q, k, v, key_valid, s, dout, dq, dk, dv);
 }
-void CpuBackend::geglu_impl(float* gate, const float* up, int64_t n) { meshtune::geglu(gate, up, n); }
+void CpuBackend::geglu_impl(float* gate, const float* up, int64_t n) { meshtune::geglu(path_, gate, up, n); }
 void CpuBackend::geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                                      float* dup) {
-  meshtune::geglu_backward(gate, up, dout, n, dgate, dup);
+  meshtune::geglu_backward(path_, gate, up, dout, n, dgate, dup);
 }
 void CpuBackend::soft_cap_impl(float* x, int64_t n, float cap) { meshtune::soft_cap(x, n, cap); }
 void CpuBackend::soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) {
@@ -76,13 +105,13 @@ void CpuBackend::softmax_row_max_impl(const float* z, int64_t n, int64_t cols, i
 }
 void CpuBackend::softmax_row_sums_impl(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
                                        const int64_t* rows, SoftmaxRows& stats) {
-  meshtune::softmax_row_sums(z, n, cols, v0, targets, rows, stats);
+  meshtune::softmax_row_sums(path_, z, n, cols, v0, targets, rows, stats);
 }
 void CpuBackend::softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_t cols, int64_t v0,
                                                      const int32_t* targets, const float* weights,
                                                      const int64_t* rows, double loss_scale,
                                                      const SoftmaxRows& stats, float cap) {
-  meshtune::softmax_cross_entropy_backward(z, n, cols, v0, targets, weights, rows, loss_scale, stats, cap);
+  meshtune::softmax_cross_entropy_backward(path_, z, n, cols, v0, targets, weights, rows, loss_scale, stats, cap);
 }
 void CpuBackend::embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
                                        float* out) {
@@ -110,12 +139,12 @@ void CpuBackend::zero_impl(float* x, int64_t n) { fill_zeros(x, n); }
 void CpuBackend::add_into_impl(float* x, const float* y, int64_t n) { meshtune::add_into(x, y, n); }
 void CpuBackend::scale_impl(float* x, int64_t n, float factor) { scale_in_place(x, n, factor); }
 void CpuBackend::narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) {
-  meshtune::narrow_to_bf16(src, n, dst);
+  meshtune::narrow_to_bf16(path_, src, n, dst);
 }
-void CpuBackend::widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) { widen_bf16_parallel(src, n, dst); }
+void CpuBackend::widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) { widen_bf16_parallel(path_, src, n, dst); }
 void CpuBackend::adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
                                    const AdamWStep& step) {
-  meshtune::adamw_update(theta, grad, m, v, n, step);
+  meshtune::adamw_update(path_, theta, grad, m, v, n, step);
 }
 
 }  // namespace meshtune

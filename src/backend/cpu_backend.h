@@ -1,14 +1,34 @@
 // The CPU backend: the kernels of src/kernels — OpenBLAS / oneDNN for the products, OpenMP threads,
-// the generic / AVX2 / AVX-512 / AVX512_BF16 paths of kernels/cpu — on host memory. The only
-// backend model and train code run on today; tested op by op against ReferenceBackend on every
-// path the machine has (tests/test_backend_ops.cpp).
+// the generic / AVX2 / AVX-512 / AVX512_BF16 paths of backend/cpu/cpu — on host memory. It chooses
+// its path once, when it is made, and hands it to every kernel (no process-wide kernel state).
+// Tested op by op against ReferenceBackend on every path the machine has (tests/test_backend_ops.cpp).
 #pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "backend/backend.h"
+#include "backend/cpu/kernel_path.h"
 
 namespace meshtune {
 
+struct CpuBackendOptions {
+  std::optional<CpuPath> isa;       // unset: the best this CPU supports
+  std::optional<bool> onednn_bf16;  // bf16-precision products through oneDNN; unset: only with AMX-BF16
+  bool onednn_int8 = true;          // int8 products of more than 4 rows through oneDNN (where built)
+  bool isa_forced = false;          // isa came from MESHTUNE_CPU (for reports)
+
+  // MESHTUNE_CPU=generic|avx2|avx512|avx512bf16 and MESHTUNE_BF16_MATMUL=onednn|sgemm, read now;
+  // Error naming the variable for a bad value.
+  static CpuBackendOptions from_environment();
+};
+
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(const CpuBackendOptions& options = CpuBackendOptions::from_environment());
+  const KernelPath& path() const { return path_; }
+  // Lines for `meshtune info --system` and benchmarks: the CPU, its features, each kernel's route.
+  std::vector<std::string> report() const;
   std::string name() const override;
   Device device() const override { return Device::Host; }
 
@@ -67,6 +87,10 @@ class CpuBackend final : public Backend {
   void widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) override;
   void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
                          const AdamWStep& step) override;
+
+ private:
+  KernelPath path_;
+  bool isa_forced_ = false;
 };
 
 }  // namespace meshtune

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/int8.h"
+#include "core/weight_matrix.h"
 
 namespace meshtune {
 

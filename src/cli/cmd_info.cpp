@@ -8,11 +8,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "backend/cpu_backend.h"
 #include "cli/commands.h"
 #include "cli/mesh_options.h"
 #include "core/error.h"
 #include "distribution/layout.h"
-#include "kernels/cpu/features.h"
 #include "model/tensor_parallel.h"
 
 namespace meshtune::cli {
@@ -126,7 +126,7 @@ static void print_layout(const api::GemmaCausalLM& lm, const std::vector<api::Va
 
 static int run_info(const Options& o) {
   if (o.system) {
-    for (const std::string& line : kernel_report()) std::cout << line << "\n";
+    for (const std::string& line : CpuBackend().report()) std::cout << line << "\n";
     if (o.model.model.empty()) return 0;
     std::cout << "\n";
   }

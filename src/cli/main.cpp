@@ -9,7 +9,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "distribution/communicator.h"
-#include "kernels/cpu/features.h"
+#include "backend/cpu_backend.h"
 
 // Reports an error and ends the run. Under mpirun the whole job is aborted, so that no other rank
 // is left waiting in a collective for this one.
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   }
   if (threads > 0) omp_set_num_threads(threads);
   try {
-    meshtune::cpu_path();  // a bad MESHTUNE_CPU is one clear error before any work
+    meshtune::CpuBackendOptions::from_environment();  // a bad MESHTUNE_CPU is one clear error before any work
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run();
   } catch (const std::bad_alloc&) {

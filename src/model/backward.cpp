@@ -4,8 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/tensor_ops.h"
+#include "model/token_rows.h"
 
 namespace meshtune {
 
@@ -144,7 +143,7 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
 
   // Loss over the rows that carry weight, a chunk at a time (the logits of a chunk only). With the
   // vocabulary split over processes each holds its columns of the logits, and the softmax's max,
-  // sum and target logit are combined over the processes (kernels/cross_entropy.h).
+  // sum and target logit are combined over the processes (backend/cpu/cross_entropy.h).
   const std::vector<int64_t> rows = nonzero_positions(batch.sample_weight, M);
   const int64_t part = model.embeddings.rows, v0 = model.vocab_offset;  // this process' vocabulary rows
   const bool vocab_split = model.vocab_parallel();

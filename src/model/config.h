@@ -55,7 +55,7 @@ struct GemmaConfig {
   float rope_global_scaling = 1.f;
   std::string stored_dtype = "float32";  // the dtype the file declared (informational)
   // Keras layer paths stored as int8 codes + scales ("token_embedding", "decoder_block_0/ffw_linear"):
-  // a quantized preset's DTypePolicyMap (kernels/int8.h). Empty for float checkpoints.
+  // a quantized preset's DTypePolicyMap (backend/cpu/int8.h). Empty for float checkpoints.
   std::set<std::string> int8_layers;
   // The longest sequence (prompt + generation, or a training row) the model was trained for: HF
   // max_position_embeddings, else the family's (8192 for Gemma 1/2, 131072 for Gemma 3).

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "kernels/tensor_ops.h"
+#include "model/token_rows.h"
 
 namespace meshtune {
 

@@ -11,9 +11,8 @@
 #include <vector>
 
 #include "core/buffer.h"
-#include "kernels/attention.h"
-#include "kernels/linear.h"
-#include "kernels/low_rank.h"
+#include "backend/op_types.h"
+#include "core/weight_matrix.h"
 #include "model/config.h"
 #include "model/context.h"
 #include "model/variables.h"

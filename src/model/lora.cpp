@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/random.h"
-#include "kernels/int8.h"
+#include "core/weight_matrix.h"
 
 namespace meshtune {
 

@@ -38,7 +38,7 @@ int64_t block_rows(const VariableSpec& spec, const ShardSpec& block);
 WeightMatrix matrix_block(const WeightMatrix& w, const VariableSpec& spec, const ShardSpec& s);
 // The scales of block `s`'s rows, from the whole matrix's (one per row).
 std::vector<float> block_scales(const float* scales, const VariableSpec& spec, const ShardSpec& s);
-// Int8 quantization of a block (kernels/int8.h) needs each row's max|W| over the whole row: when
+// Int8 quantization of a block (backend/cpu/int8.h) needs each row's max|W| over the whole row: when
 // the block holds only some of its rows' columns, `row_max` (block_rows values, the block's own
 // maxima) becomes the maximum over the processes holding the other columns (all-reduce-max over
 // the mesh axes splitting the columns). Every process holding a block must call it.

@@ -45,7 +45,7 @@ std::vector<VariableSpec> gemma_variables(const GemmaConfig& config);
 // The Keras layer a variable belongs to: its path without the variable's name
 // ("decoder_block_0/attention/query", "token_embedding").
 std::string keras_layer(const VariableSpec& spec);
-// A matrix variable of an int8 layer (Keras `quantize("int8")`, kernels/int8.h): the h5 dataset of
+// A matrix variable of an int8 layer (Keras `quantize("int8")`, backend/cpu/int8.h): the h5 dataset of
 // its scale (vars/1 beside the kernel's vars/0) and the shape Keras stores it in — broadcast
 // against the layer's output: (1, 1, n, h) for query/key/value, (1, 1, out) for the other
 // projections, (V,) for the embedding.

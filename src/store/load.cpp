@@ -16,7 +16,7 @@
 #include "core/json.h"
 #include "io/keras_h5.h"
 #include "io/safetensors.h"
-#include "kernels/int8.h"
+#include "core/weight_matrix.h"
 #include "model/sharded_model.h"
 #include "model/variables.h"
 

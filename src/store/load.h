@@ -37,7 +37,7 @@ struct LoadOptions {
   // bf16 dtype policy.
   bool bf16_matrices = false;
   // Quantize every float matrix (the 7 projections of each block and the tied embedding) to int8
-  // as it is loaded, with Keras' formula (kernels/int8.h), so the float copy never exists whole.
+  // as it is loaded, with Keras' formula (backend/cpu/int8.h), so the float copy never exists whole.
   bool quantize_int8 = false;
   // Sharded loading (under a mesh): `block_of` names the block (in our 3-D view) of each variable
   // this process needs only a block of. A Keras preset reads just that box from the file (HDF5

@@ -113,7 +113,7 @@ void AdamW::step(Backend& backend, const std::vector<Parameter>& params, double 
   const float epsilon = float(options_.epsilon);
 
   // 2. Decay the pre-update value: θ − (θ·wd)·lr; 3.–4. moments, then the step with ε added to the
-  // uncorrected √v (kernels/adamw.h).
+  // uncorrected √v (backend/cpu/adamw.h).
   for (size_t k = 0; k < params.size(); ++k) {
     const Parameter& p = params[k];
     const AdamWStep step{.decay = decays(p),

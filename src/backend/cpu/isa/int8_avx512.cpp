@@ -1,0 +1,11 @@
+// AVX-512 (F, BW) int8 dot products without VNNI (int8_avx512_body.h).
+#include "backend/cpu/isa/int8_avx512_body.h"
+
+namespace meshtune::cpu {
+
+void dot_int8_avx512(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales,
+                     int64_t rows, int64_t cols, float* y) {
+  dot_int8<false>(x, M, x_scales, w, w_scales, rows, cols, y);
+}
+
+}  // namespace meshtune::cpu

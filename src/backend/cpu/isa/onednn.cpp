@@ -1,0 +1,109 @@
+// oneDNN's matmul for the int8 and bf16 GEMMs (cpu/onednn.h). Integer sums are exact either way,
+// and the int8 dequantization is ours, so those floats are the same bit for bit as our kernels'.
+// Primitives are JIT-compiled once per shape and kept.
+#include "backend/cpu/isa/onednn.h"
+
+#ifdef MESHTUNE_HAVE_ONEDNN
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <tuple>
+
+namespace meshtune::cpu {
+
+bool onednn_available() { return true; }
+
+const char* onednn_version() {
+  static const std::string v = [] {
+    const dnnl_version_t* d = dnnl_version();
+    return std::to_string(d->major) + "." + std::to_string(d->minor) + "." + std::to_string(d->patch);
+  }();
+  return v.c_str();
+}
+
+namespace {
+
+struct Context {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  // By (M, rows or K, cols or N, kind): kind 0 int8; bf16: 1 + b_is_n_by_k + 2·accumulate.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int>, dnnl::matmul::primitive_desc> primitives;
+  std::mutex mutex;
+};
+
+Context& context() {
+  static Context c;
+  return c;
+}
+
+}  // namespace
+
+void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales,
+                     int64_t rows, int64_t cols, float* y) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  Context& c = context();
+  std::lock_guard lock(c.mutex);
+  // x codes [M, cols] row-major; W codes [rows, cols] row-major read as a [cols, rows] matrix
+  // ("ba"); the sums [M, rows] in int32.
+  const dnnl::memory::desc x_md({M, cols}, dt::s8, tag::ab), w_md({cols, rows}, dt::s8, tag::ba),
+      acc_md({M, rows}, dt::s32, tag::ab);
+  auto key = std::make_tuple(M, rows, cols, 0);
+  auto it = c.primitives.find(key);
+  if (it == c.primitives.end())
+    it = c.primitives.emplace(key, dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_md, w_md, acc_md), c.engine)).first;
+  // The int32 sums go into y's own memory (4 bytes each, like the floats) and become floats in
+  // place: no second [M, rows] buffer (up to 128 MiB for a chunk of the LM head's logits).
+  dnnl::memory x_mem(x_md, c.engine, const_cast<int8_t*>(x)), w_mem(w_md, c.engine, const_cast<int8_t*>(w)),
+      acc_mem(acc_md, c.engine, y);
+  dnnl::matmul(it->second).execute(c.stream, {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, acc_mem}});
+  c.stream.wait();
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t r = 0; r < rows; ++r) {
+      int32_t acc;
+      std::memcpy(&acc, y + m * rows + r, 4);  // the bytes oneDNN wrote, read as what they are
+      y[m * rows + r] = float(acc) / (x_scales[m] * w_scales[r]);
+    }
+}
+
+void matmul_bf16_onednn(const uint16_t* a, int64_t M, int64_t K, const uint16_t* b, int64_t N, bool b_is_n_by_k,
+                        float* c, bool accumulate) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  Context& ctx = context();
+  std::lock_guard lock(ctx.mutex);
+  const dnnl::memory::desc a_md({M, K}, dt::bf16, tag::ab), b_md({K, N}, dt::bf16, b_is_n_by_k ? tag::ba : tag::ab),
+      c_md({M, N}, dt::f32, tag::ab);
+  auto key = std::make_tuple(M, K, N, 1 + int(b_is_n_by_k) + 2 * int(accumulate));
+  auto it = ctx.primitives.find(key);
+  if (it == ctx.primitives.end()) {
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops sum;
+      sum.append_sum(1.f);
+      attr.set_post_ops(sum);
+    }
+    it = ctx.primitives.emplace(key, dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, ctx.engine))
+             .first;
+  }
+  dnnl::memory a_mem(a_md, ctx.engine, const_cast<uint16_t*>(a)), b_mem(b_md, ctx.engine, const_cast<uint16_t*>(b)),
+      c_mem(c_md, ctx.engine, c);
+  dnnl::matmul(it->second).execute(ctx.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  ctx.stream.wait();
+}
+
+}  // namespace meshtune::cpu
+
+#else  // built without oneDNN: our own kernels do all of it
+
+namespace meshtune::cpu {
+bool onednn_available() { return false; }
+const char* onednn_version() { return ""; }
+void dot_int8_onednn(const int8_t*, int64_t, const float*, const int8_t*, const float*, int64_t, int64_t, float*) {}
+void matmul_bf16_onednn(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, bool, float*, bool) {}
+}  // namespace meshtune::cpu
+
+#endif

@@ -1,0 +1,71 @@
+// The operands of the backend ops that are more than a pointer and a length (backend/backend.h):
+// the shape of an attention call, the LoRA term of a linear layer, the AdamW step's scalars, and
+// the per-row statistics of the chunked softmax cross-entropy with the host arithmetic that
+// combines them. Every backend takes the same ones.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace meshtune {
+
+// Attention (backend.h attention): query head n uses KV head n / (N/K).
+struct AttentionShape {
+  int64_t batch = 0;      // B
+  int64_t query_len = 0;  // T: queries of row b sit at positions start .. start+T-1
+  int64_t start = 0;
+  int64_t capacity = 0;   // S: key slots in the cache per row
+  int64_t heads = 0;      // N
+  int64_t kv_heads = 0;   // K
+  int64_t head_dim = 0;   // H
+  int64_t window = 0;     // sliding window W (key j allowed iff pos − W < j), 0 = none
+  float soft_cap = 0;     // 0 = none
+};
+
+// The low-rank term of a LoRA-adapted linear layer:
+//   y[:, group g] += scale · (x · A_g) · B        (A_g: [in, r], B: [r, out_g])
+// Keras' attention kernels have one A per head sharing B (groups = heads); PEFT and dense kernels
+// have one group. A and B are strided views, so PEFT's transposed storage and a tensor-parallel
+// part of an adapter need no copies.
+struct LowRankTerm {
+  int64_t rank = 0;           // r; 0 = no term
+  int64_t groups = 1;         // output column blocks, each with its own A
+  int64_t in = 0;             // input width (columns of x)
+  int64_t out_per_group = 0;  // output columns per group; y has groups·out_per_group columns
+  float scale = 1;            // alpha / r
+  // A_g(i, j) = a[g·a_group + i·a_row + j·a_col], B(j, o) = b[j·b_row + o·b_col]; one stride of each is 1.
+  const float* a = nullptr;
+  int64_t a_group = 0, a_row = 0, a_col = 0;
+  const float* b = nullptr;
+  int64_t b_row = 0, b_col = 0;
+  // Where backward adds ∂L/∂A and ∂L/∂B (same strides as a and b); null = frozen.
+  float* grad_a = nullptr;
+  float* grad_b = nullptr;
+
+  bool active() const { return rank > 0; }
+  int64_t out() const { return groups * out_per_group; }
+};
+
+// The per-step scalars, already cast to fp32 as Keras casts them.
+struct AdamWStep {
+  bool decay = false;       // weight decay applies to this variable
+  float weight_decay = 0;   // wd
+  float learning_rate = 0;  // lr
+  float one_minus_beta_1 = 0, one_minus_beta_2 = 0;
+  float alpha = 0;          // lr·√(1 − β₂ᵗ)/(1 − β₁ᵗ)
+  float epsilon = 0;
+};
+
+// The chunked softmax cross-entropy's statistics, per row of a chunk (backend.h softmax_*).
+struct SoftmaxRows {  // per row of a chunk
+  std::vector<float> max, argmax;            // [n]: the row's largest logit, its vocabulary index (first on ties)
+  std::vector<double> sum_exp_and_target;    // [2n]: Σ exp(z − max), then the target's logit (0 if not held here)
+};
+// Between steps when split: `gathered` is every process' [max…, argmax…] (2n floats each, process
+// order); the first process holding the overall maximum wins, as a whole-vocabulary argmax would.
+void softmax_combine_max(const float* gathered, int parts, int64_t n, SoftmaxRows& rows);
+// Once the sums are whole: adds Σ w·CE (CE = log Σexp + max − z_target), Σ w·[argmax = target] and
+// Σ w over the chunk's rows into sums[0..2] (Keras' metric states).
+void softmax_cross_entropy_sums(const SoftmaxRows& stats, const int32_t* targets, const float* weights,
+                                const int64_t* rows, int64_t n, double sums[3]);
+
+}  // namespace meshtune

@@ -1,3 +1,0 @@
-// kernels/cpu/vector_ops.h for AVX-512 (compiled with -mavx512f … -mfma).
-#define MESHTUNE_VECTOR_OPS vector_ops_avx512
-#include "kernels/cpu/vector_ops_body.h"

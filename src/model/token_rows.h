@@ -1,0 +1,19 @@
+// The small host-side index arrays a step builds from its batch before handing them to the
+// backend: token positions, the rows a weighted loss must look at, and the id range check.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace meshtune {
+
+// Positions of the M = B·T tokens of a [B, T] batch placed at start … start+T−1 of every row.
+std::vector<int64_t> token_positions(int64_t B, int64_t T, int64_t start);
+
+// The first i < n with ids[i] outside [0, limit), or −1.
+int64_t first_id_outside(const int32_t* ids, int64_t n, int64_t limit);
+
+// The indices i < n with values[i] ≠ 0 (the rows a weighted loss has to look at).
+std::vector<int64_t> nonzero_positions(const float* values, int64_t n);
+
+}  // namespace meshtune
