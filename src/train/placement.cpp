@@ -279,13 +279,15 @@ Context Trainer::context() const {
                  TensorParallelGroup(plan_.active() ? &dist_.mesh->axis_comm(plan_.axis) : nullptr)};
 }
 
-GemmaModel Trainer::training_model() {
+const GemmaModel& Trainer::training_model() {
   // The frozen base as computed here (under a mesh: this process' heads/FFN columns, the other
   // split variables all-gathered one block at a time as the passes reach them), with the adapters
   // as low-rank terms: nothing is merged.
-  GemmaModel m = dist_.mesh ? frozen_.compute_model(/*by_layer=*/true) : model_;
-  attach_lora(m, *lora_, config_, plan_);
-  return m;
+  if (!training_model_) {
+    training_model_ = dist_.mesh ? frozen_.compute_model(/*by_layer=*/true) : model_;
+    attach_lora(*training_model_, *lora_, config_, plan_);
+  }
+  return *training_model_;
 }
 
 GemmaModel Trainer::inference_model() {

@@ -118,7 +118,9 @@ class Trainer {
 
   void place_variables();
   void refresh_working_copy(Trainable& t);  // from the block the optimizer updated
-  GemmaModel training_model();      // LoRA: what forward/backward run on (adapters as low-rank terms)
+  // LoRA: what forward/backward run on (the frozen base with the adapters as low-rank terms over their
+  // storage), made by the first step and kept: the adapters are updated in place.
+  const GemmaModel& training_model();
   Batch local_rows(const Batch& batch) const;  // this process' slice of the batch axis
   void accumulate_gradients(const Batch& batch, double loss_scale, LossSums& sums);
   void finish_gradients(LossSums& sums);  // sum over the batch axis, cut blocks
@@ -144,6 +146,7 @@ class Trainer {
   GemmaModel model_;                  // LoRA: the frozen base; full: writable fp32 weights
   bool int8_base_ = false;            // the frozen base has int8 matrices
   std::optional<LoraWeights> lora_;
+  std::optional<GemmaModel> training_model_;  // training_model(), once made
   FitOptions options_;
   std::vector<Parameter> params_;
   std::vector<std::vector<float>> grad_storage_;  // full fine-tuning gradients, per parameter
