@@ -11,6 +11,10 @@ namespace meshtune {
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+// A file or directory the user named does not exist (Python's FileNotFoundError).
+struct FileNotFound : Error {
+  using Error::Error;
+};
 
 // fail("file ", path, ": tensor ", name, " has shape ", shape) — concatenates with operator<<.
 template <typename... Args>
@@ -23,6 +27,13 @@ template <typename... Args>
 template <typename... Args>
 void check(bool ok, const Args&... args) {
   if (!ok) fail(args...);
+}
+
+template <typename... Args>
+[[noreturn]] void fail_not_found(const Args&... args) {
+  std::ostringstream out;
+  (out << ... << args);
+  throw FileNotFound(out.str());
 }
 
 // At most `max_chars` of `text`, for error messages that quote a name or value from a file (which

@@ -71,7 +71,7 @@ void write_file_atomic(const std::string& path, const std::string& contents) {
 
 std::string read_file(const std::string& path, size_t max_bytes) {
   std::error_code ec;
-  check(std::filesystem::is_regular_file(path, ec), path, ": not found or not a regular file");
+  if (!std::filesystem::is_regular_file(path, ec)) fail_not_found(path, ": not found or not a regular file");
   const uintmax_t size = std::filesystem::file_size(path, ec);
   check(!ec, path, ": cannot get size: ", ec.message());
   check(size <= max_bytes, path, ": ", size, " bytes, more than the ", max_bytes, " this file may have");

@@ -399,7 +399,7 @@ Dataset load_dataset(const std::string& spec, const DataFields& fields) {
     }
   }
   check(!path.empty(), "data ", spec, ": no path given");
-  check(fs::exists(path), "data ", spec, ": ", path, " does not exist");
+  if (!fs::exists(path)) fail_not_found("data ", spec, ": ", path, " does not exist");
   if (kind.empty()) {
     const std::string name = fs::path(path).filename().string();
     if (fs::is_directory(path)) {

@@ -423,7 +423,7 @@ std::vector<std::string> keras_weight_files(const std::string& dir) {
   for (const auto& shard : shards) {
     const fs::path shard_path = fs::path(dir) / shard;
     if (!fs::is_regular_file(shard_path, ec)) {
-      fail("file ", json_path.string(), ": lists shard ", shard, " but ", shard_path.string(), " does not exist");
+      fail_not_found("file ", json_path.string(), ": lists shard ", shard, " but ", shard_path.string(), " does not exist");
     }
     files.push_back(shard_path.string());
   }

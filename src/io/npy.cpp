@@ -153,7 +153,7 @@ const char* dtype_to_descr(DType dt) {
 
 HostTensor read_npy(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail("file ", path, ": not found or not a regular file");
+  if (!std::filesystem::is_regular_file(path, ec)) fail_not_found("file ", path, ": not found or not a regular file");
   const uint64_t file_size = std::filesystem::file_size(path, ec);
   if (ec) fail("file ", path, ": cannot get size: ", ec.message());
   std::ifstream in(path, std::ios::binary);

@@ -51,7 +51,7 @@ std::string resolve_model_path(const std::string& model, const std::string& mode
       for (const auto& s : searched) msg << "\n  " << s;
     }
   }
-  fail(msg.str());
+  fail_not_found(msg.str());
 }
 
 ModelDir inspect_model_dir(const std::string& dir) {

@@ -44,7 +44,7 @@ Tokenizer::Tokenizer(const std::string& model_path)
     : path_(model_path), processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   // Check existence first: sentencepiece's own message for a missing file is less clear.
   std::error_code ec;
-  if (!std::filesystem::exists(model_path, ec)) fail("tokenizer file ", model_path, ": not found");
+  if (!std::filesystem::exists(model_path, ec)) fail_not_found("tokenizer file ", model_path, ": not found");
   if (!std::filesystem::is_regular_file(model_path, ec)) fail("tokenizer file ", model_path, ": not a regular file");
   const auto status = processor_->Load(model_path);
   if (!status.ok()) {
