@@ -4,6 +4,7 @@ dtype policy, the backbone's variables with their shardings, enable_lora, genera
 (Keras' progress bar and callbacks), evaluate, save_to_preset and the LoRA files."""
 import array
 import math
+import numbers
 import sys
 
 from meshtune import _checks, callbacks as callbacks_module, distribution as distribution_module
@@ -180,7 +181,7 @@ def _examples(data, what):
                                  f"{sorted(example)[:5]}")
         elif hasattr(example, "__iter__"):
             items = list(example)
-            if items and all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+            if items and all(isinstance(i, numbers.Integral) and not isinstance(i, bool) for i in items):
                 rows.append([_checks.integer("token id", i, 0, 2**31 - 1) for i in items])
             else:
                 raise TypeError(f"{what}: an example must be a string, a dict, or a row of token ids")
@@ -439,6 +440,7 @@ class GemmaCausalLM:
             c.on_train_end(logs)
         history.interrupted = result["interrupted"]
         history.steps = result["steps"]
+        history.train_seconds = result["train_seconds"]
         return history
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", steps=None, return_dict=False, **kwargs):
