@@ -520,3 +520,28 @@ TEST(Export, MergedAdapterExportsMatchTheAdapter) {
 }
 
 }  // namespace
+
+// Conversations whose answers the sequence length cuts off entirely train on nothing: refused when
+// no example keeps a trained token (naming --seq-len), a warning with the count when some do.
+// (Prompt/response pairs cannot: Keras' packer truncates prompt and response in turn.)
+TEST(FinetuneCli, AnswersCutOffBySeqLenAreRefusedOrCounted) {
+  const std::string root = make_temp_dir("ftcut");
+  auto chat = [](const std::string& question, const std::string& answer) {
+    return "{\"messages\": [{\"role\": \"user\", \"content\": \"" + question +
+           "\"}, {\"role\": \"model\", \"content\": \"" + answer + "\"}]}\n";
+  };
+  const std::string long_question = "Tell me at great length what you thought of the acting, the story, the music and the ending";
+  { std::ofstream(root + "/chat.jsonl") << chat(long_question, "Yes.") << chat(long_question + " twice", "Good."); }
+  const std::string base = "finetune " + fixture("keras/preset-gemma-tiny") + " --seq-len 16 --steps 1 --no-progress";
+  const CommandResult none = run_meshtune(base + " --data " + root + "/chat.jsonl --out " + root + "/run-none");
+  EXPECT_EQ(none.exit_code, 1) << none.err;
+  EXPECT_NE(none.err.find("no example keeps a token to train on: at sequence_length (--seq-len) 16 every prompt fills "
+                          "all 16 positions"), std::string::npos) << none.err;
+  EXPECT_FALSE(fs::exists(root + "/run-none/adapter.lora.h5"));
+  { std::ofstream(root + "/chat.jsonl", std::ios::app) << chat("Hi", "Hello there."); }
+  const CommandResult some = run_meshtune(base + " --data " + root + "/chat.jsonl --out " + root + "/run-some");
+  EXPECT_EQ(some.exit_code, 0) << some.err;
+  EXPECT_NE(some.err.find("warning: 2 of 3 examples keep no token to train on at sequence_length (--seq-len) 16"),
+            std::string::npos) << some.err;
+  fs::remove_all(root);
+}

@@ -405,6 +405,15 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
   check(run.checkpoint_every >= 0, "checkpoint interval (--checkpoint-every) must not be negative, got ",
         run.checkpoint_every);
   const BatchStream stream = batches(data, run, run.shuffle);
+  // Answers cut off by the sequence length: refused when no example is left to learn from.
+  const int length = run.sequence_length > 0 ? run.sequence_length : sequence_length_;
+  const size_t without_targets = stream.examples_without_targets();
+  check(without_targets < stream.num_examples(), data.source, ": no example keeps a token to train on: at sequence_length (--seq-len) ",
+        length, " every prompt fills all ", length, " positions, so every answer is cut off; raise the sequence length");
+  if (without_targets > 0)
+    notes() << "warning: " << without_targets << " of " << stream.num_examples()
+            << " examples keep no token to train on at sequence_length (--seq-len) " << length
+            << " (the prompt fills every position): they add nothing to the loss\n";
   const int64_t steps_per_epoch =
       (int64_t(stream.steps_per_epoch()) + run.grad_accumulation - 1) / run.grad_accumulation;
   const int64_t run_steps = run.epochs == 0 ? run.steps

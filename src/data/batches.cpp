@@ -99,6 +99,24 @@ size_t BatchStream::steps_per_epoch() const {
   return (num_examples() + b - 1) / b;
 }
 
+PackedExample BatchStream::pack(size_t i) const {
+  return !rows_.empty()           ? pack_pretokenized(rows_[i], pad_)
+         : !weight_lists_.empty()  ? pack_weighted(token_lists_[i], weight_lists_[i], options_.sequence_length, bos_, pad_)
+         : response_lists_.empty() ? pack_for_training(token_lists_[i], options_.sequence_length, bos_, eos_, pad_)
+                                   : pack_prompt_response(token_lists_[i], response_lists_[i], options_.sequence_length,
+                                                          bos_, eos_, pad_);
+}
+
+size_t BatchStream::examples_without_targets() const {
+  if (response_lists_.empty() && weight_lists_.empty()) return 0;  // plain texts always have a next token
+  size_t count = 0;
+  for (size_t i = 0; i < num_examples(); ++i) {
+    const PackedExample p = pack(i);
+    count += std::none_of(p.sample_weight.begin(), p.sample_weight.end(), [](float w) { return w > 0; });
+  }
+  return count;
+}
+
 Batch BatchStream::batch(size_t epoch, size_t step) const {
   check(step < steps_per_epoch(), "batch step ", step, " out of range: an epoch has ", steps_per_epoch(), " steps");
   const std::vector<size_t> order =
@@ -115,13 +133,7 @@ Batch BatchStream::batch(size_t epoch, size_t step) const {
   out.targets.reserve(total);
   out.sample_weight.reserve(total);
   for (size_t k = begin; k < end; ++k) {
-    const size_t i = order[k];
-    const PackedExample p =
-        !rows_.empty()           ? pack_pretokenized(rows_[i], pad_)
-        : !weight_lists_.empty()  ? pack_weighted(token_lists_[i], weight_lists_[i], options_.sequence_length, bos_, pad_)
-        : response_lists_.empty() ? pack_for_training(token_lists_[i], options_.sequence_length, bos_, eos_, pad_)
-                                  : pack_prompt_response(token_lists_[i], response_lists_[i], options_.sequence_length,
-                                                         bos_, eos_, pad_);
+    const PackedExample p = pack(order[k]);
     out.token_ids.insert(out.token_ids.end(), p.token_ids.begin(), p.token_ids.end());
     out.padding_mask.insert(out.padding_mask.end(), p.padding_mask.begin(), p.padding_mask.end());
     out.targets.insert(out.targets.end(), p.targets.begin(), p.targets.end());

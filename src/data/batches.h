@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "text/preprocessor.h"
 #include "text/tokenizer.h"
 
 namespace meshtune {
@@ -43,8 +44,13 @@ class BatchStream {
   size_t steps_per_epoch() const;
   size_t num_examples() const;
   Batch batch(size_t epoch, size_t step) const;
+  // Prompt/response pairs and conversations: how many examples keep no token to train on (their
+  // prompt fills every position of sequence_length, so the answer is cut off entirely).
+  size_t examples_without_targets() const;
 
  private:
+  PackedExample pack(size_t i) const;  // example i as a row of the batch
+
   BatchOptions options_;
   std::vector<std::vector<int>> token_lists_;     // text sources (or prompts), tokenized (no BOS/EOS)
   std::vector<std::vector<int>> response_lists_;  // prompt/response sources: the responses
