@@ -2,6 +2,7 @@
 // input giving a clear message naming the file/tensor, a non-zero exit, and no crash.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -338,4 +339,20 @@ TEST(Cli, InfoSystemReportsKernelPathsAndMeshtuneCpuForcesOne) {
   ASSERT_EQ(best.exit_code, 0) << best.err;
   ASSERT_EQ(generic.exit_code, 0) << generic.err;
   EXPECT_EQ(best.out, generic.out);
+}
+
+// A bad command line is one line with the prefix every other error has, and exit code 1; a thread
+// count the machine cannot start is refused before libgomp aborts.
+TEST(Cli, ParseErrorsAndThreadCountsAreOneLineErrors) {
+  for (const std::string& args : {std::string("generate"), std::string("finetune x --data y --batch-size abc"),
+                                   std::string("nonsense"), std::string("--threads 4096 info --system"),
+                                   std::string("--threads 0 info --system"), std::string("--threads -3 info --system")}) {
+    const CommandResult r = run_meshtune(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_EQ(r.err.rfind("meshtune: error: ", 0), 0u) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  EXPECT_NE(run_meshtune("--threads 4096 info --system").err.find("--threads must be between 1 and"), std::string::npos);
+  EXPECT_EQ(run_meshtune("--threads 2 info --system").exit_code, 0);
+  EXPECT_EQ(run_meshtune("--help").exit_code, 0);
 }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <thread>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -29,7 +30,11 @@ int main(int argc, char** argv) {
   CLI::App app{"meshtune: fine-tune and run Gemma 1/2/3 models (Keras presets and Hugging Face checkpoints)"};
   app.require_subcommand(1);
   int threads = 0;
-  app.add_option("--threads", threads, "CPU threads for kernels (default: all cores)")->check(CLI::Range(0, 4096));
+  app.add_option("--threads", threads, "CPU threads for kernels (default: all cores)");
+  // A bad command line is reported as every other error is: one line with the prefix, exit code 1.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "meshtune: error: " + std::string(e.what()) + " (run with --help for the options)\n";
+  });
 
   std::map<CLI::App*, meshtune::cli::Runner> runners;
   auto all = [](const CLI::App*) { return true; };
@@ -49,6 +54,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 1;  // --help is not an error; every bad command line is exit code 1
   }
+  // More threads than the machine can start end in libgomp's own abort: refused up front.
+  const int max_threads = 8 * int(std::max(1u, std::thread::hardware_concurrency()));
+  if (app.count("--threads") && (threads < 1 || threads > max_threads))
+    fail_run("--threads must be between 1 and " + std::to_string(max_threads) + " (8 × this machine's " +
+             std::to_string(max_threads / 8) + " hardware threads), got " + std::to_string(threads));
   if (threads > 0) omp_set_num_threads(threads);
   try {
     meshtune::CpuBackendOptions::from_environment();  // a bad MESHTUNE_CPU is one clear error before any work
