@@ -1,5 +1,7 @@
 #include "io/safetensors.h"
 
+#include "io/mapped_files.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -301,4 +303,22 @@ TEST(SafetensorsErrors, WriteFailureNamesPathAndLeavesNoTemp) {
   std::filesystem::create_directories(target + "/child");
   expect_error([&] { write_safetensors(target, {{"a", HostTensor::allocate(DType::F32, {1})}}); }, {target});
   EXPECT_FALSE(std::filesystem::exists(target + ".tmp"));
+}
+
+// A mapped checkpoint truncated under a running process: reading its vanished pages is one line
+// naming the file and exit code 1 (the command line installs the handler), not a silent SIGBUS.
+TEST(SafetensorsDeathTest, ATruncatedMappedFileIsOneLineNotSigbus) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string path = make_temp_dir("sttrunc") + "/model.safetensors";
+  write_safetensors(path, {{"x", make_tensor(DType::F32, {65536}, std::vector<float>(65536, 1.f))}});
+  EXPECT_EXIT(
+      {
+        exit_on_fault_in_mapped_file();
+        const auto tensors = read_safetensors(path);
+        std::filesystem::resize_file(path, 4096);
+        volatile float v = tensors.at("x").as<float>()[60000];  // far beyond the first page
+        (void)v;
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(1), "model.safetensors: the file changed while it was in use");
 }

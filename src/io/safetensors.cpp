@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "io/mapped_files.h"
 #include "core/error.h"
 #include "core/file_util.h"
 #include "core/json.h"
@@ -29,10 +30,13 @@ namespace {
 struct Mapping {
   void* addr = nullptr;
   size_t size = 0;
-  Mapping(void* a, size_t s) : addr(a), size(s) {}
+  Mapping(void* a, size_t s, const std::string& path) : addr(a), size(s) { register_mapped_file(a, s, path); }
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() { munmap(addr, size); }
+  ~Mapping() {
+    unregister_mapped_file(addr);
+    munmap(addr, size);
+  }
 };
 
 // Closes a file descriptor on scope exit (the map stays valid after close).
@@ -187,7 +191,7 @@ std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
   check(file_size >= 8, path, ": file is ", file_size, " bytes, too short for a safetensors header (needs 8)");
   void* addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
   if (addr == MAP_FAILED) fail(path, ": cannot mmap safetensors file: ", std::strerror(errno));
-  auto mapping = std::make_shared<const Mapping>(addr, file_size);
+  auto mapping = std::make_shared<const Mapping>(addr, file_size, path);
   return parse_safetensors(static_cast<const unsigned char*>(addr), file_size, path, mapping);
 }
 
