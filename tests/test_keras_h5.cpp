@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "core/file_util.h"
 #include "test_util.h"
 
 using namespace meshtune;
@@ -118,7 +119,7 @@ TEST(KerasH5, RoundTrip) {
       {"misc/empty", empty},
   };
   write_h5_datasets(path, in, {"vars", "layers/gemma_decoder_block/attention/rope_layer/vars", "layers/reversible_embedding/vars"});
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_TRUE(temp_files_of(path).empty()) << temp_files_of(path)[0];
 
   auto out = read_h5_datasets(path);
   EXPECT_EQ(out.size(), in.size());
@@ -170,7 +171,7 @@ TEST(KerasH5, WriteErrorsRemoveTempFile) {
   // The same dataset twice cannot be created.
   expect_error_containing([&] { write_h5_datasets(path, {{"a/b", f32_tensor({2}, 0)}, {"a/b", f32_tensor({2}, 0)}}); },
                           "a/b");
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_TRUE(temp_files_of(path).empty()) << temp_files_of(path)[0];
   EXPECT_FALSE(std::filesystem::exists(path));
   // A missing directory names the file.
   expect_error_containing([&] { write_h5_datasets(dir + "/no/such/dir/x.h5", {{"a", f32_tensor({1}, 0)}}); }, "x.h5");
@@ -195,7 +196,7 @@ TEST(KerasH5, StreamedWriteMakesEachDatasetInTurn) {
   expect_error_containing([&] { write_h5_datasets(bad, specs, [&](size_t i) { return f32_tensor({5}, 0); }); },
                           "a/vars/0");
   EXPECT_FALSE(std::filesystem::exists(bad));
-  EXPECT_FALSE(std::filesystem::exists(bad + ".tmp"));
+  EXPECT_TRUE(temp_files_of(bad).empty()) << temp_files_of(bad)[0];
 }
 
 TEST(KerasH5, ShardedDirectoryMerges) {

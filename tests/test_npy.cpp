@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "io/npy.h"
+#include "core/file_util.h"
 #include "test_util.h"
 
 namespace meshtune {
@@ -153,7 +154,7 @@ TEST(Npy, RoundTripEveryDtypeAndShape) {
       const std::string path = dir + "/a.npy";
       HostTensor t = make_tensor(dt, shape);
       write_npy(path, t);
-      EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+      EXPECT_TRUE(temp_files_of(path).empty()) << temp_files_of(path)[0];
 
       // Format 1.0 with the header padded to a multiple of 64 bytes and ending in '\n'.
       std::string bytes = read_text_file(path);

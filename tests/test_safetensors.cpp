@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/file_util.h"
 #include "test_util.h"
 
 using namespace meshtune;
@@ -73,7 +74,7 @@ TEST(Safetensors, RoundTripF32Bf16I32) {
       {"scalar", make_tensor(DType::F32, {}, std::vector<float>{42.0f})},
   };
   write_safetensors(path, tensors, {{"format", "pt"}});
-  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_TRUE(temp_files_of(path).empty()) << temp_files_of(path)[0];
 
   auto got = read_safetensors(path);
   ASSERT_EQ(got.size(), tensors.size());
@@ -133,7 +134,7 @@ TEST(Safetensors, StreamedWriteMakesEachTensorInTurn) {
   expect_error([&] { write_safetensors(bad, specs, [&](size_t) { return HostTensor::allocate(DType::F32, {2}); }); },
                {bad, "\"w\"", "float32", "bfloat16"});
   EXPECT_FALSE(std::filesystem::exists(bad));
-  EXPECT_FALSE(std::filesystem::exists(bad + ".tmp"));
+  EXPECT_TRUE(temp_files_of(bad).empty()) << temp_files_of(bad)[0];
 }
 
 TEST(Safetensors, OverwriteFileThatTensorsAlias) {
@@ -302,7 +303,7 @@ TEST(SafetensorsErrors, WriteFailureNamesPathAndLeavesNoTemp) {
   std::string target = dir + "/is-a-dir";
   std::filesystem::create_directories(target + "/child");
   expect_error([&] { write_safetensors(target, {{"a", HostTensor::allocate(DType::F32, {1})}}); }, {target});
-  EXPECT_FALSE(std::filesystem::exists(target + ".tmp"));
+  EXPECT_TRUE(temp_files_of(target).empty()) << temp_files_of(target)[0];
 }
 
 // A mapped checkpoint truncated under a running process: reading its vanished pages is one line

@@ -1,10 +1,13 @@
 #include "core/file_util.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -23,8 +26,57 @@ static void fsync_path(const std::string& path, int flags) {
   check(status == 0, path, ": fsync failed: ", std::strerror(err));
 }
 
+namespace {
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || !name[0]) return "host";
+  std::string s = name;
+  for (char& c : s)
+    if (c == '/' || c == '-') c = '_';  // keeps the name one path part whose fields split on '-'
+  return s;
+}
+
+const std::string kTempTag = ".meshtune-";
+
+// This writer's temp name for `path`: path.meshtune-HOST-PID-N.tmp.
+std::string own_temp_name(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + kTempTag + host_name() + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".tmp";
+}
+
+// Removes temp files of `path` whose writer ran on this host and is gone (a killed export leaves a
+// file as large as the model).
+void remove_stale_temp_files(const std::string& path) {
+  const std::string mine = std::filesystem::path(path).filename().string() + kTempTag + host_name() + "-";
+  for (const std::string& tmp : temp_files_of(path)) {
+    const std::string name = std::filesystem::path(tmp).filename().string();
+    if (name.rfind(mine, 0) != 0) continue;  // another host's: it may still be writing
+    const long pid = std::strtol(name.c_str() + mine.size(), nullptr, 10);
+    if (pid > 0 && ::kill(pid_t(pid), 0) != 0 && errno == ESRCH) ::unlink(tmp.c_str());
+  }
+}
+
+}  // namespace
+
+bool is_temp_file_of(const std::string& name, const std::string& target_name) {
+  const std::string prefix = target_name + kTempTag;
+  return name.size() > prefix.size() + 4 && name.rfind(prefix, 0) == 0 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+}
+
+std::vector<std::string> temp_files_of(const std::string& path) {
+  std::vector<std::string> out;
+  const std::filesystem::path target(path);
+  const std::filesystem::path dir = target.parent_path().empty() ? std::filesystem::path(".") : target.parent_path();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (is_temp_file_of(entry.path().filename().string(), target.filename().string())) out.push_back(entry.path().string());
+  return out;
+}
+
 void write_atomically(const std::string& path, const std::function<void(const std::string& tmp_path)>& write) {
-  const std::string tmp = path + ".tmp";
+  remove_stale_temp_files(path);
+  const std::string tmp = own_temp_name(path);
   try {
     write(tmp);
     fsync_path(tmp, O_RDONLY);

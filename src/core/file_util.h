@@ -6,14 +6,20 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace meshtune {
 
-// `write` fills `path`.tmp (in the same directory) by any means — our own bytes, libhdf5 — and
-// closes it; then that file is fsynced and renamed over `path`, and the directory fsynced. If
-// `write` throws or any step fails, the temp file is removed, `path` is left as it was and Error
-// (naming `path`) is thrown.
+// `write` fills a temp file beside `path` by any means — our own bytes, libhdf5 — and closes it;
+// then that file is fsynced and renamed over `path`, and the directory fsynced. If `write` throws or
+// any step fails, the temp file is removed, `path` is left as it was and Error (naming `path`) is
+// thrown. The temp file's name is the writer's own (`path`.meshtune-HOST-PID-N.tmp), so two writers
+// never share one; temp files of `path` left by a writer on this host that no longer runs (killed
+// mid-write) are removed first.
 void write_atomically(const std::string& path, const std::function<void(const std::string& tmp_path)>& write);
+// The temp files of `path` that exist now (any writer's), for tests and run-directory checks.
+std::vector<std::string> temp_files_of(const std::string& path);
+bool is_temp_file_of(const std::string& name, const std::string& target_name);  // file names, no directories
 // The same with a stdio stream: `write` puts the bytes into `out` (a failed fwrite is caught at close).
 void write_stream_atomically(const std::string& path, const std::function<void(std::FILE* out)>& write);
 void write_file_atomic(const std::string& path, const std::string& contents);

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/file_util.h"
 
 namespace meshtune {
 
@@ -22,7 +23,7 @@ bool is_run_output(const std::string& name) {
   static const char* kOutputs[] = {"checkpoint.safetensors", "adapter.lora.h5", "adapter", "model"};
   for (const char* output : kOutputs) {
     const std::string o = output;
-    if (name == o || name == o + ".tmp") return true;
+    if (name == o || is_temp_file_of(name, o)) return true;
     if (o == "checkpoint.safetensors" && name.rfind(o + ".step", 0) == 0) return true;  // sharded rank files
   }
   return false;
