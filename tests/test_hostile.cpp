@@ -770,7 +770,7 @@ TEST(Hostile, Checkpoints) {
          return "finetune " + q(b.keras) + " --data sample --take 4 --steps 1 --batch-size 2 --seq-len 16 --no-progress --out " + q(run); },
        {"already holds a run", "--resume", "--overwrite"}},
       {"disk_full_writing_h5", [&](const std::string& d) { return "init " + q(d + "/m"); },
-       {"model.weights.h5", "File too large"}, 1, "ulimit -f 100; trap '' XFSZ; "},
+       {"model.weights.h5", "(HDF5: write failed: File too large)"}, 1, "ulimit -f 100; trap '' XFSZ; "},
       {"disk_full_writing_safetensors", [&](const std::string& d) { return "init --format hf " + q(d + "/m"); },
        {"model.safetensors", "File too large"}, 1, "ulimit -f 100; trap '' XFSZ; "},
       {"disk_full_writing_adapter", [&](const std::string& d) {

@@ -46,6 +46,14 @@ std::string h5_error_detail() {
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, take_first, &detail);
   H5Eclear2(H5E_DEFAULT);
+  // A failed write is reported as a dump ("file write failed: time = …, filename = …, errno = 27,
+  // error message = 'File too large', buf = 0x…"): only the system's message matters.
+  const std::string marker = "error message = '";
+  if (const size_t at = detail.find(marker); at != std::string::npos) {
+    const size_t end = detail.find('\'', at + marker.size());
+    const std::string cause = detail.substr(at + marker.size(), end == std::string::npos ? std::string::npos : end - at - marker.size());
+    detail = (detail.rfind("file write failed", 0) == 0 ? "write failed: " : "") + cause;
+  }
   for (char& c : detail)  // one line: libhdf5's messages may span several
     if (c == '\n' || c == '\r') c = ' ';
   return detail.empty() ? std::string() : " (HDF5: " + brief(detail, 300) + ")";
