@@ -220,3 +220,14 @@ except KeyboardInterrupt:
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err
     assert "interrupted; generate: I loved" in out
+
+
+def test_a_huge_prompt_is_cut_before_tokenizing():
+    import resource
+    import time
+    lm = keras_nlp.models.GemmaCausalLM.from_preset(TINY)
+    start = time.perf_counter()
+    text = lm.generate("x" * (50 << 20), max_length=8)  # 50 MB without a space
+    assert time.perf_counter() - start < 10
+    assert text.startswith("xxx")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 2 << 20  # KiB: well under 2 GiB

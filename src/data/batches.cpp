@@ -35,15 +35,6 @@ std::vector<size_t> epoch_order(size_t n, bool shuffle, uint64_t seed, size_t ep
 
 }  // namespace
 
-std::string_view tokenizable_prefix(std::string_view text, int sequence_length) {
-  // A piece spans at most 16 characters (SentencePiece's max_sentencepiece_length) of at most 4
-  // bytes, so the first L tokens come from the first 64·L bytes; the cut lies 4× beyond that, at
-  // a space or line break, so it changes no token that is used.
-  const size_t keep = std::max<size_t>(size_t(64) << 10, size_t(sequence_length) * 64 * 4);
-  if (text.size() <= keep) return text;
-  const size_t cut = text.find_first_of(" \n\t", keep);
-  return text.substr(0, cut == std::string_view::npos ? std::min(text.size(), keep * 2) : cut);
-}
 
 BatchStream::BatchStream(const Dataset& data, const Tokenizer* tokenizer, const BatchOptions& options)
     : options_(options) {

@@ -30,10 +30,6 @@ struct BatchOptions {
   bool train_on_all_turns = false;  // conversations: the loss on every token, not only the model's turns
 };
 
-// The part of an example's text that tokenizing needs when only the first `sequence_length` tokens
-// are used: all of it up to 64 KiB (or 256·L bytes), beyond that cut at the next space or line break
-// (SentencePiece needs ~150 bytes of memory per input byte, so a 4 MB line would cost 600 MB).
-std::string_view tokenizable_prefix(std::string_view text, int sequence_length);
 
 class BatchStream {
  public:

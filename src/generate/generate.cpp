@@ -90,7 +90,8 @@ std::vector<GeneratedText> generate_text(const Context& ctx, const GemmaModel& m
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::vector<uint8_t>> mask;
   for (const std::string& prompt : prompts) {
-    std::vector<int> tokens = tokenizer.encode(prompt);
+    // Only the first L − 1 tokens are used: a huge prompt is not tokenized whole.
+    std::vector<int> tokens = tokenizer.encode(tokenizable_prefix(prompt, int(std::min<int64_t>(L, 1 << 24))));
     if (int64_t(tokens.size()) > L - 1) tokens.resize(size_t(std::max<int64_t>(0, L - 1)));
     std::vector<int32_t> row(size_t(L), tokenizer.pad_id());
     std::vector<uint8_t> row_mask(size_t(L), 0);

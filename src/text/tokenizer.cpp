@@ -1,5 +1,7 @@
 #include "text/tokenizer.h"
 
+#include <algorithm>
+
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
@@ -141,5 +143,16 @@ void train_tokenizer(const std::vector<std::string>& sentences, int vocab_size, 
 
   write_file_atomic(out_path, serialized);
 }
+
+std::string_view tokenizable_prefix(std::string_view text, int sequence_length) {
+  // A piece spans at most 16 characters (SentencePiece's max_sentencepiece_length) of at most 4
+  // bytes, so the first L tokens come from the first 64·L bytes; the cut lies 4× beyond that, at
+  // a space or line break, so it changes no token that is used.
+  const size_t keep = std::max<size_t>(size_t(64) << 10, size_t(sequence_length) * 64 * 4);
+  if (text.size() <= keep) return text;
+  const size_t cut = text.find_first_of(" \n\t", keep);
+  return text.substr(0, cut == std::string_view::npos ? std::min(text.size(), keep * 2) : cut);
+}
+
 
 }  // namespace meshtune

@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace sentencepiece { class SentencePieceProcessor; }
@@ -42,5 +43,10 @@ class Tokenizer {
 // <start_of_turn> <end_of_turn> as user-defined pieces, byte fallback, identity normalization) on the
 // given sentences and writes it to `out_path`. Deterministic for the same input (one thread).
 void train_tokenizer(const std::vector<std::string>& sentences, int vocab_size, const std::string& out_path);
+
+// The part of an example's text that tokenizing needs when only the first `sequence_length` tokens
+// are used (a training row, a prompt cut to max_length − 1): all of it up to 64 KiB (or 256·L bytes), beyond that cut at the next space or line break
+// (SentencePiece needs ~150 bytes of memory per input byte, so a 4 MB line would cost 600 MB).
+std::string_view tokenizable_prefix(std::string_view text, int sequence_length);
 
 }  // namespace meshtune
