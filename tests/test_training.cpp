@@ -545,3 +545,34 @@ TEST(FinetuneCli, AnswersCutOffBySeqLenAreRefusedOrCounted) {
             std::string::npos) << some.err;
   fs::remove_all(root);
 }
+
+// A batch the machine cannot hold is refused before training starts, with the flags that size it
+// and the estimate (the memory limit here: ulimit -v); info prints the same estimate.
+TEST(FinetuneCli, ARunTooBigForTheMachineIsRefusedAtOnce) {
+  const std::string root = make_temp_dir("ftbig");
+  const std::string tiny = fixture("keras/preset-gemma-tiny");
+  const CommandResult big = run_meshtune("finetune " + tiny + " --data sample --batch-size 4096 --seq-len 8192 --no-progress --out " +
+                                         root + "/run");
+  EXPECT_EQ(big.exit_code, 1) << big.err;
+  EXPECT_NE(big.err.find("fit: batch 4096 × sequence_length 8192 (--batch-size, --seq-len) needs about"), std::string::npos)
+      << big.err;
+  EXPECT_NE(big.err.find("lower --batch-size or --seq-len"), std::string::npos) << big.err;
+  EXPECT_FALSE(fs::exists(root + "/run/adapter.lora.h5"));
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MESHTUNE_TEST_ASAN 1
+#endif
+#endif
+#if !defined(__SANITIZE_ADDRESS__) && !defined(MESHTUNE_TEST_ASAN)
+  // (AddressSanitizer reserves terabytes of address space, so ulimit -v is for the plain build only.)
+  const CommandResult limited = run_meshtune("finetune " + tiny + " --data sample --batch-size 128 --seq-len 2048 --no-progress --out " +
+                                             root + "/run2", "", "ulimit -v 2000000; ");
+  EXPECT_EQ(limited.exit_code, 1) << limited.err;
+  EXPECT_NE(limited.err.find("but ulimit -v allows 1.91 GiB"), std::string::npos) << limited.err;
+#endif
+  const CommandResult info = run_meshtune("info " + tiny + " --lora-rank 4 --batch-size 4096 --seq-len 8192");
+  EXPECT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("Training memory (one process, batch 4096 × sequence_length 8192, LoRA rank 4, float32): about"),
+            std::string::npos) << info.out;
+  fs::remove_all(root);
+}

@@ -12,6 +12,7 @@
 #include "backend/cpu_backend.h"
 #include "backend/reference_backend.h"
 #include "core/error.h"
+#include "core/memory.h"
 #include "distribution/communicator.h"
 #include "model/variables.h"
 #include "store/checkpoint.h"
@@ -420,6 +421,14 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
                             : run.steps > 0 ? std::min<int64_t>(run.steps, steps_per_epoch * run.epochs)
                                             : steps_per_epoch * run.epochs;
   const bool first_fit = !trainer_;
+  if (first_fit) {  // a run the machine cannot hold fails now, with the flags that size it
+    const MemoryEstimate need = training_memory(run.batch_size, length);
+    const MemoryLimit limit = memory_limit();
+    check(need.total() - need.mapped_weights <= limit.bytes, "fit: batch ", run.batch_size, " × sequence_length ", length,
+          " (--batch-size, --seq-len) needs about ", need.summary(), " in this process, but ", limit.source,
+          " allows ", format_bytes(limit.bytes), "; lower --batch-size or --seq-len (--grad-accum keeps the effective batch), "
+          "or use mixed_bfloat16 or a mesh");
+  }
   if (first_fit) {
     check(lora_ || !model_.has_int8(), dir_.path,
           ": int8 weights are frozen (as in Keras): train them with LoRA (enable_lora, --lora-rank), not all weights (--full)");
@@ -507,6 +516,46 @@ EpochMetrics GemmaCausalLM::evaluate(const Dataset& data, const FitRunOptions& r
 long long GemmaCausalLM::trainable_count() const {
   if (trainer_) return trainer_->trainable_count();
   return summary().trainable;
+}
+
+std::string MemoryEstimate::summary() const {
+  return format_bytes(total()) + ": weights " + format_bytes(weights) + ", trainable state " + format_bytes(trainable_state) +
+         ", activations " + format_bytes(activations) + ", loss chunk " + format_bytes(loss_chunk);
+}
+
+MemoryEstimate GemmaCausalLM::training_memory(int batch_size, int sequence_length) const {
+  const int64_t T = sequence_length > 0 ? sequence_length : sequence_length_;
+  // This process' part: its rows of the batch and, under tensor parallelism, its heads and columns.
+  int64_t B = std::max(1, batch_size);
+  if (mesh_) {
+    const int axis = mesh_->axis_index(distribution_.batch_axis);
+    if (axis >= 0) B = (B + mesh_->axis_size(axis) - 1) / mesh_->axis_size(axis);
+  }
+  const GemmaConfig c = plan_.active() ? plan_.local_config(config_) : config_;
+  const double D = c.hidden_dim, F = c.ffw_dim, NH = double(c.num_query_heads) * c.head_dim,
+               KH = double(c.num_key_value_heads) * c.head_dim, M = double(B) * double(T);
+  const bool bf16 = options_.dtype_policy != "float32";
+  MemoryEstimate e;
+  e.weights = double(held_weight_bytes());
+  if (!trainer_ && !sharded_)
+    for (const VariableSpec& spec : gemma_variables(config_))
+      if (const WeightMatrix* w = model_.matrix(spec.slot, spec.layer); w && w->mapped) e.mapped_weights += double(w->nbytes());
+  const bool full = !lora_ && !trainer_;
+  if (full) {  // fp32 working copies (where the weights are stored narrower), gradients, two moments
+    const double params = double(c.num_parameters());
+    e.trainable_state = params * 4 * 3 + std::max(0.0, params * 4 - e.weights);
+  } else {
+    e.trainable_state = double(trainable_count()) * 4 * 4;  // A and B: values, gradients, two moments
+  }
+  // Kept for backward per layer (model/gemma.h BlockActivations), in the policy's compute dtype.
+  const double saved = 6 * D + 2 * NH + 2 * KH + 2 * F + (c.use_query_key_norm ? NH + KH : 0);
+  // Working fp32 buffers of one block (its activations and their gradients), the scratch and the
+  // residual stream, and the training KV cache of every layer.
+  const double working = 2 * (6 * D + 3 * NH + 3 * KH + 2 * F) + F + 6 * D;
+  e.activations = M * (double(c.num_layers) * (saved * (bf16 ? 2 : 4) + 2 * KH * 4) + working * 4);
+  const double V = double(c.vocab_size), chunk = std::max(1.0, std::min(256.0, double(int64_t(1) << 25) / V));
+  e.loss_chunk = chunk * (V + 2 * D) * 4;
+  return e;
 }
 
 size_t GemmaCausalLM::held_weight_bytes() const {

@@ -108,6 +108,17 @@ struct History {
   long long trainable_params = 0;
 };
 
+// What training needs in this process at a batch shape, estimated before it starts from the shapes
+// and the dtype policy: the weights held, the trainable state (values, gradients, AdamW's two
+// moments), the activations kept for backward with the step's working buffers and the KV cache,
+// and the loss's logits chunk. A lower bound of the peak (allocator and library overheads come on top).
+struct MemoryEstimate {
+  double weights = 0, trainable_state = 0, activations = 0, loss_chunk = 0;
+  double mapped_weights = 0;  // of `weights`, read through a file map: the page cache holds them, they need not fit
+  double total() const { return weights + trainable_state + activations + loss_chunk; }
+  std::string summary() const;  // "1.20 GiB: weights …, trainable state …, activations …, loss chunk …"
+};
+
 // Callbacks: any TrainingLog (train/training_log.h) — run_begin, epoch_begin, step_end (Keras'
 // on_train_batch_end with its logs), checkpoint_saved, run_end. A callback stops the run between
 // steps with GemmaCausalLM::stop_training().
@@ -173,6 +184,10 @@ class GemmaCausalLM {
   EpochMetrics evaluate(const Dataset& data, const FitRunOptions& run) const;
   long long trainable_count() const;
   size_t held_weight_bytes() const;  // weight bytes this process holds (what sharding saves)
+  // Training at `batch_size` rows of `sequence_length` (0: the preprocessor's), as fit would run it:
+  // LoRA when enabled, else every weight. fit refuses a run whose estimate exceeds the memory the
+  // process may use (core/memory.h), naming the flags; `info` prints it.
+  MemoryEstimate training_memory(int batch_size, int sequence_length = 0) const;
 
   // The current weights (LoRA merged) as a Keras preset or a Hugging Face checkpoint. Under a mesh
   // every process must call it (split variables are gathered); rank 0 writes.

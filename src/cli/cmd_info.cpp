@@ -43,6 +43,7 @@ namespace {
 struct Options {
   ModelOptions model;
   int lora_rank = 0;
+  int batch_size = 2, seq_len = 0;  // the training-memory estimate's shape (0: the preset's sequence_length)
   std::string lora_targets = "query,value";
   MeshOptions mesh;  // --mesh "1x8" ("" = no sharding table), --mesh-axes, --layout, --layout-rule
   bool system = false;
@@ -145,6 +146,12 @@ static int run_info(const Options& o) {
   const std::vector<api::VariableInfo> rows = lm.variables_on(dry_run, mesh);
   print_variables(lm, rows);
   if (mesh) print_layout(lm, rows, dry_run);
+  check(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
+  check(o.seq_len >= 0, "--seq-len must be at least 1, got ", o.seq_len);
+  const int length = o.seq_len > 0 ? o.seq_len : lm.sequence_length();
+  std::cout << "\nTraining memory (one process, batch " << o.batch_size << " × sequence_length " << length << ", "
+            << (lm.lora() ? "LoRA rank " + std::to_string(lm.lora()->rank) : std::string("all weights")) << ", "
+            << lm.options().dtype_policy << "): about " << lm.training_memory(o.batch_size, length).summary() << "\n";
   return 0;
 }
 
@@ -156,6 +163,8 @@ Runner add_info_command(CLI::App& app) {
                 "Show the CPU, its features, the kernel paths in use and the BLAS library (MODEL optional)");
   cmd->add_option("--lora-rank", o->lora_rank, "Show the summary after enable_lora(rank) (trainable vs non-trainable)");
   cmd->add_option("--lora-targets", o->lora_targets, "LoRA targets for --lora-rank (default query,value)");
+  cmd->add_option("--batch-size", o->batch_size, "Batch size of the training-memory estimate (default 2)");
+  cmd->add_option("--seq-len", o->seq_len, "Sequence length of the training-memory estimate (default: the preset's)");
   o->mesh.add_to(*cmd);  // a dry run here: no processes are started
   return [o] { return run_info(*o); };
 }
