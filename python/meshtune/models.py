@@ -69,24 +69,14 @@ class Layer:
         return sum(math.prod(w.shape) for w in self.weights)
 
 
-class GemmaBackbone:
+class GemmaBackbone(Layer):
     def __init__(self, task):
         self._task = task
+        self.name = "gemma_backbone"
 
     @property
     def weights(self):
         return [Variable(v) for v in self._task._lm.variables()]
-
-    @property
-    def trainable_weights(self):
-        return [w for w in self.weights if w.trainable]
-
-    @property
-    def non_trainable_weights(self):
-        return [w for w in self.weights if not w.trainable]
-
-    def count_params(self):
-        return sum(math.prod(w.shape) for w in self.weights)
 
     def get_layer(self, name=None, index=None):
         if index is not None:
