@@ -231,3 +231,12 @@ def test_a_huge_prompt_is_cut_before_tokenizing():
     assert time.perf_counter() - start < 10
     assert text.startswith("xxx")
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 2 << 20  # KiB: well under 2 GiB
+
+
+def test_a_generation_too_big_for_the_machine_is_refused_at_once():
+    import time
+    lm = keras_nlp.models.GemmaCausalLM.from_preset(TINY)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"generate: 100000 prompts × max_length 8192 \(--max-length\) need about"):
+        lm.generate(["a"] * 100000, max_length=8192)
+    assert time.perf_counter() - start < 10

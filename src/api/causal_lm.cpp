@@ -286,6 +286,18 @@ GenerateOptions GemmaCausalLM::default_generate_options() const {
 std::vector<GeneratedText> GemmaCausalLM::generate(const std::vector<std::string>& prompts,
                                                    GenerateOptions options) const {
   check(options.max_length >= 1, "max_length (--max-length) must be at least 1, got ", options.max_length);
+  // All prompts run at once: their KV cache and the prefill's working buffers must fit.
+  const GemmaConfig c = plan_.active() ? plan_.local_config(config_) : config_;
+  const double rows = double(prompts.size()) * double(options.max_length);
+  const double D = c.hidden_dim, F = c.ffw_dim, NH = double(c.num_query_heads) * c.head_dim,
+               KH = double(c.num_key_value_heads) * c.head_dim;
+  const double need = rows * (double(c.num_layers) * 2 * KH + 6 * D + 3 * NH + 3 * KH + 2 * F) * 4 +
+                      double(prompts.size()) * double(c.vocab_size) * 4;
+  const MemoryLimit limit = memory_limit();
+  // (A max_length beyond the model's maximum is generate_text's error, checked first.)
+  check(need <= limit.bytes || options.max_length > config_.max_sequence_length, "generate: ", prompts.size(), " prompts × max_length ", options.max_length,
+        " (--max-length) need about ", format_bytes(need), " for the KV cache and working buffers, but ", limit.source,
+        " allows ", format_bytes(limit.bytes), "; generate fewer prompts at a time or a shorter max_length");
   return generate_text(context(), inference_model(), tokenizer(), prompts, options);
 }
 
