@@ -269,8 +269,7 @@ class GemmaCausalLM:
         self._lm.enable_lora(rank, targets, alpha, seed)
 
     # ---- generation ----
-    def compile(self, optimizer="auto", loss="auto", weighted_metrics="auto", sampler="greedy", metrics_=None,
-                **kwargs):
+    def compile(self, optimizer="auto", loss="auto", weighted_metrics="auto", sampler="greedy", **kwargs):
         for name in kwargs:
             if name in ("metrics", "loss_weights", "run_eagerly", "steps_per_execution", "jit_compile"):
                 if name == "jit_compile" or kwargs[name] in (None, False, 1):

@@ -283,15 +283,24 @@ GenerateOptions GemmaCausalLM::default_generate_options() const {
   return options;
 }
 
+namespace {
+// Floats per token of one block's fp32 working buffers in a forward pass (model/gemma.h
+// BlockActivations and BlockScratch): what generate's prefill and each training block compute in.
+double block_working_floats(const GemmaConfig& c) {
+  const double D = c.hidden_dim, F = c.ffw_dim, NH = double(c.num_query_heads) * c.head_dim,
+               KH = double(c.num_key_value_heads) * c.head_dim;
+  return 6 * D + 3 * NH + 3 * KH + 2 * F;
+}
+}  // namespace
+
 std::vector<GeneratedText> GemmaCausalLM::generate(const std::vector<std::string>& prompts,
                                                    GenerateOptions options) const {
   check(options.max_length >= 1, "max_length (--max-length) must be at least 1, got ", options.max_length);
   // All prompts run at once: their KV cache and the prefill's working buffers must fit.
   const GemmaConfig c = plan_.active() ? plan_.local_config(config_) : config_;
   const double rows = double(prompts.size()) * double(options.max_length);
-  const double D = c.hidden_dim, F = c.ffw_dim, NH = double(c.num_query_heads) * c.head_dim,
-               KH = double(c.num_key_value_heads) * c.head_dim;
-  const double need = rows * (double(c.num_layers) * 2 * KH + 6 * D + 3 * NH + 3 * KH + 2 * F) * 4 +
+  const double KH = double(c.num_key_value_heads) * c.head_dim;
+  const double need = rows * (double(c.num_layers) * 2 * KH + block_working_floats(c)) * 4 +
                       double(prompts.size()) * double(c.vocab_size) * 4;
   const MemoryLimit limit = memory_limit();
   // (A max_length beyond the model's maximum is generate_text's error, checked first.)
@@ -433,15 +442,14 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
                             : run.steps > 0 ? std::min<int64_t>(run.steps, steps_per_epoch * run.epochs)
                                             : steps_per_epoch * run.epochs;
   const bool first_fit = !trainer_;
-  if (first_fit) {  // a run the machine cannot hold fails now, with the flags that size it
+  if (first_fit) {
+    // A run the machine cannot hold fails now, with the flags that size it.
     const MemoryEstimate need = training_memory(run.batch_size, length);
     const MemoryLimit limit = memory_limit();
     check(need.total() - need.mapped_weights <= limit.bytes, "fit: batch ", run.batch_size, " × sequence_length ", length,
           " (--batch-size, --seq-len) needs about ", need.summary(), " in this process, but ", limit.source,
           " allows ", format_bytes(limit.bytes), "; lower --batch-size or --seq-len (--grad-accum keeps the effective batch), "
           "or use mixed_bfloat16 or a mesh");
-  }
-  if (first_fit) {
     check(lora_ || !model_.has_int8(), dir_.path,
           ": int8 weights are frozen (as in Keras): train them with LoRA (enable_lora, --lora-rank), not all weights (--full)");
     check(lora_ || !base_rounded_to_bf16_, "training every weight under ", options_.dtype_policy,
@@ -563,10 +571,9 @@ MemoryEstimate GemmaCausalLM::training_memory(int batch_size, int sequence_lengt
   const double saved = 6 * D + 2 * NH + 2 * KH + 2 * F + (c.use_query_key_norm ? NH + KH : 0);
   // Working fp32 buffers of one block (its activations and their gradients), the scratch and the
   // residual stream, and the training KV cache of every layer.
-  const double working = 2 * (6 * D + 3 * NH + 3 * KH + 2 * F) + F + 6 * D;
+  const double working = 2 * block_working_floats(c) + F + 6 * D;
   e.activations = M * (double(c.num_layers) * (saved * (bf16 ? 2 : 4) + 2 * KH * 4) + working * 4);
-  const double V = double(c.vocab_size), chunk = std::max(1.0, std::min(256.0, double(int64_t(1) << 25) / V));
-  e.loss_chunk = chunk * (V + 2 * D) * 4;
+  e.loss_chunk = double(loss_chunk_rows(c.vocab_size)) * (double(c.vocab_size) + 2 * D) * 4;
   return e;
 }
 

@@ -140,14 +140,14 @@ static int run_info(const Options& o) {
           "--mesh-axes, --layout and --layout-rule need --mesh (e.g. --mesh 1x8)");
   else
     dry_run.names(dry_run.shape(1));
+  check(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
+  check(o.seq_len >= 0, "--seq-len must be at least 1, got ", o.seq_len);
   api::GemmaCausalLM lm = o.model.load(/*need_tokenizer=*/false);
   if (o.lora_rank > 0) lm.enable_lora({o.lora_rank, api::split_commas(o.lora_targets), 0, 0});  // freezes the rest
   // Every variable's spec on the mesh, resolved before anything is printed so a bad layout is just an error.
   const std::vector<api::VariableInfo> rows = lm.variables_on(dry_run, mesh);
   print_variables(lm, rows);
   if (mesh) print_layout(lm, rows, dry_run);
-  check(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
-  check(o.seq_len >= 0, "--seq-len must be at least 1, got ", o.seq_len);
   const int length = o.seq_len > 0 ? o.seq_len : lm.sequence_length();
   std::cout << "\nTraining memory (one process, batch " << o.batch_size << " × sequence_length " << length << ", "
             << (lm.lora() ? "LoRA rank " + std::to_string(lm.lora()->rank) : std::string("all weights")) << ", "

@@ -147,8 +147,7 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
   const std::vector<int64_t> rows = nonzero_positions(batch.sample_weight, M);
   const int64_t part = model.embeddings.rows, v0 = model.vocab_offset;  // this process' vocabulary rows
   const bool vocab_split = model.vocab_parallel();
-  // Rows per chunk: up to 256, with at most 32 Mi logits (128 MiB) at a time.
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 25) / part));
+  const int64_t chunk = loss_chunk_rows(part);
   // Rows with zero weight get no gradient: d_hidden starts at zero, the chunks scatter into it.
   FloatBuffer& d_hidden = ws.d_hidden;
   if (grads) {

@@ -3,6 +3,7 @@
 // (from logits, sample weights, reduction sum_over_batch_size): Σ w·CE / (B·T). Logits are formed
 // a chunk of rows at a time and rows with zero weight are skipped, so [B·T, V] never exists.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -51,6 +52,12 @@ struct TrainingWorkspace {
   FloatBuffer logits;                 // one chunk of rows' logits (up to 128 MiB)
   FloatBuffer final_norm_input;       // the residual stream entering the final norm [M, D]
 };
+
+// Rows of logits the loss computes at a time over `vocab_rows` columns: up to 256, with at most
+// 32 Mi logits (128 MiB) at a time.
+inline int64_t loss_chunk_rows(int64_t vocab_rows) {
+  return std::max<int64_t>(1, std::min<int64_t>(256, (int64_t(1) << 25) / std::max<int64_t>(1, vocab_rows)));
+}
 
 // Forward (and, with `grads`, backward) of the loss scaled by `loss_scale` — Keras uses
 // 1/(B·T). Gradients are accumulated into `grads`. Returns the unscaled sums. `workspace`

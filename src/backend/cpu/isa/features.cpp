@@ -169,7 +169,7 @@ std::vector<std::string> kernel_report(const KernelPath& kernels, bool forced) {
       "bf16 widening for the sgemm path: " + vector_path,
       "int8 matrix products (Keras int8): " + std::string(path == CpuPath::Avx512Bf16 ? "avx512 vnni (vpdpwssd)" : vector_path) +
           " for decode; " + (kernels.onednn_int8 ? "oneDNN " + std::string(cpu::onednn_version()) + " (its own ISA choice)"
-                                                      : std::string("the same kernel (built without oneDNN)")) +
+                                                      : std::string("the same kernel (no oneDNN in this build, or turned off)")) +
           " for more than 4 rows",
       "bf16 matmuls (--dtype-policy mixed_bfloat16 / bfloat16: bf16 inputs, fp32 sums): " +
           std::string(kernels.onednn_bf16
