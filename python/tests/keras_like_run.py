@@ -1,5 +1,7 @@
-"""A 5-step LoRA run with the tutorial's layout map, as a script for mpirun (prints one JSON line
-per rank) and as a function for the one-process reference (test_mesh.py)."""
+"""A 5-step LoRA run with the tutorial's layout map, as a script for mpirun (each rank writes its
+result to OUT_DIR/rank<r>.json: mpirun interleaves the ranks' stdout) and as a function for the
+one-process reference (test_mesh.py)."""
+import os
 import json
 import sys
 
@@ -32,4 +34,6 @@ def run(preset, mesh=True):
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(sys.argv[1])), flush=True)
+    result = run(sys.argv[1])
+    with open(os.path.join(sys.argv[2], f"rank{keras._engine.world_rank()}.json"), "w") as out:
+        json.dump(result, out)
