@@ -136,9 +136,9 @@ nlohmann::ordered_json breakdown(const Context& ctx, const GemmaModel& base, con
   const int64_t B = batch.batch_size, T = batch.seq_len, M = B * T, D = c.hidden_dim;
   TokenBatch tb{B, T, batch.token_ids.data(), batch.padding_mask.data(), batch.targets.data(),
                 batch.sample_weight.data()};
-  LoraWeights l = lora;
+  LoraTensors tensors(ctx.backend, lora);
   GemmaModel model = base;  // the adapters as low-rank terms, as Trainer::train_step runs them
-  attach_lora(model, l, c);
+  attach_lora(model, lora, tensors, c);
   ModelGradients grads;  // no weight gradients: only the adapters' grad_a / grad_b
   grads.layers.assign(size_t(c.num_layers), LayerGradients{});
   std::vector<double> forward_s, fb_s, lm_head_s;
@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
       if (step >= o.warmup) step_s.push_back(s);
       losses.push_back(sums.weighted_ce / double(M));
       if (step == 0 && !o.dump.empty())  // the first step's gradients (still in place after it)
-        for (const Parameter& p : trainer.parameters()) dump_floats("grad/" + p.path, p.grad, p.shape);
+        for (const Parameter& p : trainer.parameters()) dump_floats("grad/" + p.path, p.grad.data, p.shape);
       std::cerr << "bench_train: step " << step << (step < o.warmup ? " (warm-up)" : "") << ": " << s * 1e3
                 << " ms, loss " << losses.back() << "\n";
     }

@@ -133,12 +133,12 @@ TEST_P(TensorParallel, GradientsEqualOneDevice) {
             spec = make_shard_spec(right_aligned_dimensions(whole.shape.size()), whole.shape, dist.layout.resolve(whole.path, whole.shape, mesh),
                                    mesh);
           }
-          const std::vector<float> expected = take_block(whole.grad, spec);
+          const std::vector<float> expected = take_block(whole.grad.data, spec);
           ASSERT_EQ(part.size, expected.size()) << what << " " << whole.path;
           double scale = 0, worst = 0;
           for (float g : expected) scale = std::max(scale, double(std::fabs(g)));
           for (size_t k = 0; k < expected.size(); ++k)
-            worst = std::max(worst, double(std::fabs(part.grad[k] - expected[k])));
+            worst = std::max(worst, double(std::fabs(part.grad.data[k] - expected[k])));
           EXPECT_LE(worst, 1e-5 * std::max(scale, 1e-6))
               << what << " " << whole.path << " (max |grad| " << scale << ")";
         }
@@ -238,12 +238,12 @@ TEST(TensorParallelInt8, BlocksHoldTheWholeModelsCodesAndAStepEqualsOneDevice) {
       const Parameter& p = many.parameters()[i];
       const ShardSpec spec = make_shard_spec(right_aligned_dimensions(w.shape.size()), w.shape,
                                              dist.layout.resolve(w.path, w.shape, mesh), mesh);
-      const std::vector<float> expected = take_block(w.grad, spec);
+      const std::vector<float> expected = take_block(w.grad.data, spec);
       ASSERT_EQ(p.size, expected.size()) << preset << " " << w.path;
       double scale = 0, worst = 0;
       for (size_t k = 0; k < expected.size(); ++k) {
         scale = std::max(scale, double(std::fabs(expected[k])));
-        worst = std::max(worst, double(std::fabs(p.grad[k] - expected[k])));
+        worst = std::max(worst, double(std::fabs(p.grad.data[k] - expected[k])));
       }
       EXPECT_LE(worst, 1e-5 * std::max(scale, 1e-6)) << preset << " " << w.path << " (max |grad| " << scale << ")";
     }

@@ -402,6 +402,25 @@ std::vector<OpCase> data_movement_cases() {
   };
   adamw.tolerance = 0;  // Keras' order of roundings, bit for bit on every path
   cases.push_back(std::move(adamw));
+
+  // Gradient clipping and the finiteness check, over more values than one block of the CPU's sum.
+  OpCase clipping;
+  clipping.name = "clip_sum_of_squares_ratio_clamp_all_finite";
+  clipping.make_inputs = [] { return Inputs{random_vector(150001, 30, 2.f)}; };
+  clipping.forward = [](Backend& b, Inputs& in) {
+    const int64_t n = int64_t(in[0].size());
+    const double sum = b.sum_of_squares(in[0], n);
+    Values ratio = in[0], clamped = in[0];
+    b.scale_by_ratio(ratio, n, 0.7f, float(std::sqrt(sum)));
+    b.clamp(clamped, n, 0.5f);
+    Values not_finite = in[0];
+    not_finite[size_t(n - 3)] = NAN;
+    const Values flags = {b.all_finite(in[0], n) ? 1.f : 0.f, b.all_finite(not_finite, n) ? 1.f : 0.f,
+                          b.all_finite(not_finite, n - 3) ? 1.f : 0.f};
+    return Inputs{Values{float(sum)}, ratio, clamped, flags};
+  };
+  clipping.tolerance = 1e-7;  // the sum's order differs (blocks); the rest is exact
+  cases.push_back(std::move(clipping));
   return cases;
 }
 

@@ -124,28 +124,30 @@ TEST(MixedBfloat16, LogitsWithinBf16ToleranceOfFp32) {
 // One LoRA step's gradients under mixed_bfloat16 point the way fp32's do, for every A and B.
 TEST(MixedBfloat16, LoraGradientsHaveCosineAtLeast0999ToFp32) {
   const NextTokenBatch next = fixture_next_token_batch();
-  std::vector<LoraWeights> loras;
+  std::vector<LoraTensors> tensors;
   for (const bool bf16 : {false, true}) {
     GemmaModel model = load_with_policy(bf16);
-    loras.push_back(enable_lora(model.config, 4, parse_lora_targets({"all"}), 3));
-    for (LoraAdapter& a : loras.back().adapters)  // non-zero B, so every gradient is non-trivial
+    LoraWeights lora = enable_lora(model.config, 4, parse_lora_targets({"all"}), 3);
+    for (LoraAdapter& a : lora.adapters)  // non-zero B, so every gradient is non-trivial
       for (size_t i = 0; i < a.b.size(); ++i) a.b[i] = 0.05f * float(int(i % 7) - 3);
-    attach_lora(model, loras.back(), model.config);
+    tensors.emplace_back(cpu_backend(), lora);
+    attach_lora(model, lora, tensors.back(), model.config);
     ModelGradients none;
     none.layers.assign(size_t(model.config.num_layers), LayerGradients{});
     forward_backward(cpu_context(bf16 ? MatmulPrecision::BF16 : MatmulPrecision::F32), model, next.view(),
                      1.0 / double(next.batch * next.length), &none);
   }
   double least = 1;
-  for (size_t i = 0; i < loras[0].adapters.size(); ++i)
+  for (size_t i = 0; i < tensors[0].a.size(); ++i)
     for (bool a : {true, false}) {
-      const LoraAdapter &f32 = loras[0].adapters[i], &bf16 = loras[1].adapters[i];
-      const double cosine = cosine_similarity(a ? bf16.grad_a : bf16.grad_b, a ? f32.grad_a : f32.grad_b);
+      const LoraTensors &f32 = tensors[0], &bf16 = tensors[1];
+      const double cosine = cosine_similarity(to_host(a ? bf16.grad_a[i] : bf16.grad_b[i]),
+                                              to_host(a ? f32.grad_a[i] : f32.grad_b[i]));
       least = std::min(least, cosine);
       EXPECT_GE(cosine, 0.999) << "adapter " << i << (a ? " A" : " B");
       EXPECT_LT(cosine, 1.0 - 1e-12) << "adapter " << i << (a ? " A" : " B") << ": bf16 should round something";
     }
-  std::printf("    least cosine over %zu adapters' A and B: %.6f\n", loras[0].adapters.size(), least);
+  std::printf("    least cosine over %zu adapters' A and B: %.6f\n", tensors[0].a.size(), least);
 }
 
 // Training under mixed_bfloat16 keeps the blocks' activations in bf16: what backward reads is the

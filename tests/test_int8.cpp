@@ -328,21 +328,22 @@ TEST(Int8Keras, LoraGradientsOverTheInt8Base) {
   const NextTokenBatch next = fixture_next_token_batch();
   const TokenBatch batch = next.view();
   const int64_t B = next.batch, T = next.length;
-  std::vector<LoraWeights> loras;
+  std::vector<LoraTensors> tensors;
   std::vector<double> losses;
   for (const GemmaModel* base : std::vector<const GemmaModel*>{&int8_base, &float_base}) {
-    loras.push_back(load_lora_adapter(fixture(kOutputs + "adapter.lora.h5"), base->config));
+    const LoraWeights lora = load_lora_adapter(fixture(kOutputs + "adapter.lora.h5"), base->config);
+    tensors.emplace_back(meshtune::testing::cpu_backend(), lora);
     GemmaModel model = *base;
-    attach_lora(model, loras.back(), model.config);
+    attach_lora(model, lora, tensors.back(), model.config);
     ModelGradients none;
     none.layers.assign(size_t(model.config.num_layers), LayerGradients{});
     losses.push_back(forward_backward(meshtune::testing::cpu_context(), model, batch, 1.0 / double(B * T), &none).weighted_ce);
   }
   EXPECT_NEAR(losses[0], losses[1], 1e-2 * losses[1]);
-  for (size_t i = 0; i < loras[0].adapters.size(); ++i)
+  for (size_t i = 0; i < tensors[0].a.size(); ++i)
     for (bool a : {true, false}) {
-      const std::vector<float>& g = a ? loras[0].adapters[i].grad_a : loras[0].adapters[i].grad_b;
-      const std::vector<float>& f = a ? loras[1].adapters[i].grad_a : loras[1].adapters[i].grad_b;
+      const std::vector<float> g = meshtune::testing::to_host(a ? tensors[0].grad_a[i] : tensors[0].grad_b[i]);
+      const std::vector<float> f = meshtune::testing::to_host(a ? tensors[1].grad_a[i] : tensors[1].grad_b[i]);
       const double cosine = cosine_similarity(g, f);
       std::printf("    adapter %zu %s: cosine %.6f\n", i, a ? "A" : "B", cosine);
       EXPECT_GE(cosine, 0.999);

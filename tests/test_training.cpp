@@ -107,18 +107,22 @@ TEST_P(TorchLoraFixture, LossGradientsAndAdamStepsMatchPyTorch) {
 
   // Step 1 computes the loss and gradients at the fixture's starting point.
   std::vector<std::vector<float>> before;
-  for (const Parameter& p : trainer.parameters()) before.emplace_back(p.value, p.value + p.size);
+  for (const Parameter& p : trainer.parameters()) before.emplace_back(p.value.data, p.value.data + p.size);
   LossSums sums = trainer.train_step(batch, 1e-2);
   const double loss = sums.weighted_ce / double(batch.batch_size * batch.seq_len);
   EXPECT_NEAR(loss, npz.at("loss").values[0], 1e-5 * npz.at("loss").values[0]);
-  for (const LoraAdapter& a : trainer.lora()->adapters) {
-    const std::string key = adapter_key(c, a);
-    for (auto [grad, which] : {std::pair{&a.grad_a, ".lora_A"}, std::pair{&a.grad_b, ".lora_B"}}) {
+  // The adapters' gradients, A then B of each adapter in order (the trainer's parameters).
+  const std::vector<LoraAdapter>& adapters = trainer.lora()->adapters;
+  for (size_t k = 0; k < adapters.size(); ++k) {
+    const std::string key = adapter_key(c, adapters[k]);
+    for (int ab = 0; ab < 2; ++ab) {
+      const char* which = ab == 0 ? ".lora_A" : ".lora_B";
+      const Parameter& p = trainer.parameters()[2 * k + size_t(ab)];
       const NpzArray& expected = npz.at("grad." + key + which);
-      ASSERT_EQ(grad->size(), expected.values.size()) << key << which;
+      ASSERT_EQ(p.size, expected.values.size()) << key << which;
       const double scale = max_abs(expected.values);
       double worst = 0;
-      for (size_t i = 0; i < grad->size(); ++i) worst = std::max(worst, std::fabs((*grad)[i] - expected.values[i]));
+      for (size_t i = 0; i < p.size; ++i) worst = std::max(worst, std::fabs(p.grad.data[i] - expected.values[i]));
       EXPECT_LT(worst, 1e-4 * scale) << key << which << " (max |grad| " << scale << ")";
     }
   }
@@ -206,16 +210,16 @@ TEST_P(ModelGradient, FullAndLoraGradientsMatchFiniteDifferences) {
       // The entry with the largest gradient in each parameter.
       size_t best = 0;
       for (size_t i = 1; i < p.size; ++i)
-        if (std::fabs(p.grad[i]) > std::fabs(p.grad[best])) best = i;
-      const double analytic = p.grad[best];
+        if (std::fabs(p.grad.data[i]) > std::fabs(p.grad.data[best])) best = i;
+      const double analytic = p.grad.data[best];
       if (std::fabs(analytic) < 1e-4) continue;
-      const float saved = p.value[best];
+      const float saved = p.value.data[best];
       const float h = 1e-2f * std::max(1.f, std::fabs(saved));
-      p.value[best] = saved + h;
+      p.value.data[best] = saved + h;
       const double up = loss_of();
-      p.value[best] = saved - h;
+      p.value.data[best] = saved - h;
       const double down = loss_of();
-      p.value[best] = saved;
+      p.value.data[best] = saved;
       const double numeric = (up - down) / (2.0 * double(h));
       EXPECT_NEAR(numeric, analytic, 3e-2 * std::fabs(analytic) + 2e-4) << p.path << "[" << best << "]";
       ++checked;
@@ -283,7 +287,7 @@ TEST(AnswerOnlyLoss, PromptTargetsDoNotReachTheGradients) {
     Trainer trainer(meshtune::testing::cpu_backend(), MatmulPrecision::F32, model, lora, options);
     trainer.train_step(batch, 0.0);
     std::vector<float> all;
-    for (const Parameter& p : trainer.parameters()) all.insert(all.end(), p.grad, p.grad + p.size);
+    for (const Parameter& p : trainer.parameters()) all.insert(all.end(), p.grad.data, p.grad.data + p.size);
     return all;
   };
   const std::vector<float> base = gradients_for(packed.targets);

@@ -24,6 +24,12 @@ E* optional(const Backend& backend, const Span<E>& s, int64_t count, const char*
   return s.data;
 }
 
+void need_term(const Backend& backend, const LowRankTerm& t, const char* op) {
+  check(t.a != nullptr && t.b != nullptr, backend.name(), " backend: ", op, "'s LoRA term has no A or B");
+  check(t.device == backend.device(), backend.name(), " backend: ", op, "'s LoRA term is in ", device_name(t.device),
+        " memory, the backend computes in ", device_name(backend.device()), " memory");
+}
+
 void need_matrix(const Backend& backend, const WeightMatrix& W, const char* op) {
   check(W.data != nullptr && (W.dtype != DType::I8 || W.scales != nullptr), backend.name(), " backend: ", op,
         "'s weight matrix is missing");
@@ -78,6 +84,7 @@ void Backend::linear_backward_weight(ConstFloats dy, ConstFloats x, int64_t M, i
 
 void Backend::low_rank(ConstFloats x, int64_t M, const LowRankTerm& term, Floats y) {
   if (!term.active()) return;
+  need_term(*this, term, "low_rank");
   need(*this, x, M * term.in, "low_rank", "x");
   need(*this, y, M * term.out(), "low_rank", "y");
   low_rank_impl(x.data, M, term, y.data);
@@ -85,6 +92,7 @@ void Backend::low_rank(ConstFloats x, int64_t M, const LowRankTerm& term, Floats
 
 void Backend::low_rank_backward(ConstFloats x, ConstFloats dy, int64_t M, const LowRankTerm& term, Floats dx) {
   if (!term.active()) return;
+  need_term(*this, term, "low_rank_backward");
   // x is only read for the gradients of A and B.
   if (term.grad_a || term.grad_b) need(*this, x, M * term.in, "low_rank_backward", "x");
   need(*this, dy, M * term.out(), "low_rank_backward", "dy");
@@ -294,6 +302,26 @@ void Backend::adamw_update(Floats theta, ConstFloats grad, Floats m, Floats v, i
   need(*this, m, n, "adamw_update", "m");
   need(*this, v, n, "adamw_update", "v");
   adamw_update_impl(theta.data, grad.data, m.data, v.data, n, step);
+}
+
+double Backend::sum_of_squares(ConstFloats x, int64_t n) {
+  need(*this, x, n, "sum_of_squares", "x");
+  return n > 0 ? sum_of_squares_impl(x.data, n) : 0.0;
+}
+
+void Backend::scale_by_ratio(Floats x, int64_t n, float numerator, float denominator) {
+  need(*this, x, n, "scale_by_ratio", "x");
+  scale_by_ratio_impl(x.data, n, numerator, denominator);
+}
+
+void Backend::clamp(Floats x, int64_t n, float limit) {
+  need(*this, x, n, "clamp", "x");
+  clamp_impl(x.data, n, limit);
+}
+
+bool Backend::all_finite(ConstFloats x, int64_t n) {
+  need(*this, x, n, "all_finite", "x");
+  return n <= 0 || all_finite_impl(x.data, n);
 }
 
 }  // namespace meshtune

@@ -112,6 +112,13 @@ class Backend : public Allocator {
 
   // ---- optimizer ----
   void adamw_update(Floats theta, ConstFloats grad, Floats m, Floats v, int64_t n, const AdamWStep& step);
+  // Gradient clipping and Keras' TerminateOnNaN check: Σx² (summed in double, in index order, and
+  // brought back to the host); x = (x·numerator)/denominator (two roundings, Keras' clipnorm);
+  // x = clamp(x, −limit, limit) (clipvalue); whether every value is finite.
+  double sum_of_squares(ConstFloats x, int64_t n);
+  void scale_by_ratio(Floats x, int64_t n, float numerator, float denominator);
+  void clamp(Floats x, int64_t n, float limit);
+  bool all_finite(ConstFloats x, int64_t n);
 
  protected:
   virtual void* allocate_impl(size_t bytes) = 0;
@@ -170,6 +177,10 @@ class Backend : public Allocator {
   virtual void widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) = 0;
   virtual void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
                                  const AdamWStep& step) = 0;
+  virtual double sum_of_squares_impl(const float* x, int64_t n) = 0;
+  virtual void scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) = 0;
+  virtual void clamp_impl(float* x, int64_t n, float limit) = 0;
+  virtual bool all_finite_impl(const float* x, int64_t n) = 0;
 
  private:
   size_t allocations_ = 0;

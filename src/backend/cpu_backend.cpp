@@ -147,4 +147,11 @@ void CpuBackend::adamw_update_impl(float* theta, const float* grad, float* m, fl
   meshtune::adamw_update(path_, theta, grad, m, v, n, step);
 }
 
+double CpuBackend::sum_of_squares_impl(const float* x, int64_t n) { return meshtune::sum_of_squares(x, n); }
+void CpuBackend::scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) {
+  meshtune::scale_by_ratio(x, n, numerator, denominator);
+}
+void CpuBackend::clamp_impl(float* x, int64_t n, float limit) { clamp_values(x, n, limit); }
+bool CpuBackend::all_finite_impl(const float* x, int64_t n) { return meshtune::all_finite(x, n); }
+
 }  // namespace meshtune

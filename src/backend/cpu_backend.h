@@ -87,6 +87,10 @@ class CpuBackend final : public Backend {
   void widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) override;
   void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
                          const AdamWStep& step) override;
+  double sum_of_squares_impl(const float* x, int64_t n) override;
+  void scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) override;
+  void clamp_impl(float* x, int64_t n, float limit) override;
+  bool all_finite_impl(const float* x, int64_t n) override;
 
  private:
   KernelPath path_;

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/buffer.h"
+
 namespace meshtune {
 
 // Attention (backend.h attention): query head n uses KV head n / (N/K).
@@ -40,6 +42,7 @@ struct LowRankTerm {
   // Where backward adds ∂L/∂A and ∂L/∂B (same strides as a and b); null = frozen.
   float* grad_a = nullptr;
   float* grad_b = nullptr;
+  Device device = Device::Host;  // where a, b and the gradients are
 
   bool active() const { return rank > 0; }
   int64_t out() const { return groups * out_per_group; }

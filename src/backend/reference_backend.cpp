@@ -431,4 +431,21 @@ void ReferenceBackend::adamw_update_impl(float* theta, const float* grad, float*
   }
 }
 
+double ReferenceBackend::sum_of_squares_impl(const float* x, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += double(x[i]) * double(x[i]);
+  return sum;
+}
+void ReferenceBackend::scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) {
+  for (int64_t i = 0; i < n; ++i) x[i] = (x[i] * numerator) / denominator;
+}
+void ReferenceBackend::clamp_impl(float* x, int64_t n, float limit) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::clamp(x[i], -limit, limit);
+}
+bool ReferenceBackend::all_finite_impl(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
+}
+
 }  // namespace meshtune

@@ -154,8 +154,6 @@ LoraWeights enable_lora(const GemmaConfig& config, int rank, const std::vector<S
       a.a.resize(size_t(num_elements(a.a_shape)));
       for (float& v : a.a) v = float(limit * (2.0 * rng.uniform() - 1.0));
       a.b.assign(size_t(num_elements(a.b_shape)), 0.f);
-      a.grad_a.assign(a.a.size(), 0.f);
-      a.grad_b.assign(a.b.size(), 0.f);
       w.adapters.push_back(std::move(a));
     }
   }
@@ -235,11 +233,47 @@ static MatrixWindow matrix_window(VarKind kind, const ShardSpec& r) {
   }
 }
 
-void attach_lora(GemmaModel& model, LoraWeights& lora, const GemmaConfig& whole, const TensorParallelPlan& plan) {
+LoraTensors::LoraTensors(Backend& backend, const LoraWeights& lora) {
+  for (const LoraAdapter& ad : lora.adapters) {
+    for (auto [values, host] : {std::pair{&a, &ad.a}, std::pair{&b, &ad.b}}) {
+      FloatBuffer& value = values->emplace_back();
+      backend.resize(value, host->size());
+      backend.upload(*host, value);
+    }
+    for (auto [grads, n] : {std::pair{&grad_a, ad.a.size()}, std::pair{&grad_b, ad.b.size()}}) {
+      FloatBuffer& grad = grads->emplace_back();
+      backend.resize(grad, n);
+      backend.zero(grad, int64_t(n));
+    }
+  }
+}
+
+void LoraTensors::download(Backend& backend, LoraWeights& lora) const {
+  check(lora.adapters.size() == a.size(), "LoRA: ", a.size(), " adapters' tensors for ", lora.adapters.size(),
+        " adapters");
+  for (size_t i = 0; i < a.size(); ++i) {
+    backend.download(a[i], lora.adapters[i].a);
+    backend.download(b[i], lora.adapters[i].b);
+  }
+}
+
+namespace {
+
+// Where adapter i's terms read and write: A, B (and their gradients when trained).
+struct AdapterStorage {
+  const float *a = nullptr, *b = nullptr;
+  float *grad_a = nullptr, *grad_b = nullptr;
+  Device device = Device::Host;
+};
+
+void attach_terms(GemmaModel& model, const LoraWeights& lora, const std::vector<AdapterStorage>& storage,
+                  const GemmaConfig& whole, const TensorParallelPlan& plan) {
   validate_lora(whole, lora, "attach_lora");
   model.low_rank.assign(size_t(whole.num_layers), LayerLowRank{});
   const std::vector<VariableSpec> specs = gemma_variables(whole);
-  for (LoraAdapter& ad : lora.adapters) {
+  for (size_t index = 0; index < lora.adapters.size(); ++index) {
+    const LoraAdapter& ad = lora.adapters[index];
+    const AdapterStorage& at = storage[index];
     const LoraKernel k = lora_kernel(whole, ad.slot);
     const int64_t r = ad.rank;
     LowRankTerm t;
@@ -275,12 +309,32 @@ void attach_lora(GemmaModel& model, LoraWeights& lora, const GemmaConfig& whole,
       b_offset = w.out0 * t.b_col;
       t.out_per_group = w.out_n;
     }
-    t.a = ad.a.data() + a_offset;
-    t.b = ad.b.data() + b_offset;
-    if (ad.grad_a.size() == ad.a.size()) t.grad_a = ad.grad_a.data() + a_offset;
-    if (ad.grad_b.size() == ad.b.size()) t.grad_b = ad.grad_b.data() + b_offset;
+    t.device = at.device;
+    t.a = at.a + a_offset;
+    t.b = at.b + b_offset;
+    if (at.grad_a) t.grad_a = at.grad_a + a_offset;
+    if (at.grad_b) t.grad_b = at.grad_b + b_offset;
     *model.low_rank[size_t(ad.layer)].of(ad.slot) = t;
   }
+}
+
+}  // namespace
+
+void attach_lora(GemmaModel& model, const LoraWeights& lora, LoraTensors& tensors, const GemmaConfig& whole,
+                 const TensorParallelPlan& plan) {
+  check(tensors.a.size() == lora.adapters.size(), "attach_lora: ", tensors.a.size(), " adapters' tensors for ",
+        lora.adapters.size(), " adapters");
+  std::vector<AdapterStorage> storage;
+  for (size_t i = 0; i < tensors.a.size(); ++i)
+    storage.push_back({tensors.a[i].data(), tensors.b[i].data(), tensors.grad_a[i].data(), tensors.grad_b[i].data(),
+                       tensors.a[i].device()});
+  attach_terms(model, lora, storage, whole, plan);
+}
+
+void attach_lora(GemmaModel& model, const LoraWeights& lora, const GemmaConfig& whole, const TensorParallelPlan& plan) {
+  std::vector<AdapterStorage> storage;
+  for (const LoraAdapter& ad : lora.adapters) storage.push_back({ad.a.data(), ad.b.data()});
+  attach_terms(model, lora, storage, whole, plan);
 }
 
 void validate_lora(const GemmaConfig& config, const LoraWeights& lora, const std::string& source) {
@@ -313,8 +367,6 @@ void validate_lora(const GemmaConfig& config, const LoraWeights& lora, const std
           style, " rank-", ad.rank, " adapter on this model needs ", shape_str(want_b));
     check(int64_t(ad.a.size()) == num_elements(ad.a_shape) && int64_t(ad.b.size()) == num_elements(ad.b_shape),
           source, ": ", name, ": LoRA data size does not match its shape");
-    check(ad.grad_a.empty() || ad.grad_a.size() == ad.a.size(), source, ": ", name, ": grad_a has the wrong size");
-    check(ad.grad_b.empty() || ad.grad_b.size() == ad.b.size(), source, ": ", name, ": grad_b has the wrong size");
   }
 }
 

@@ -37,8 +37,7 @@ struct LoraAdapter {
   LoraStyle style = LoraStyle::Keras;
   int rank = 0;
   Shape a_shape, b_shape;   // Keras: kernel[:-1]+(r,), (r, last); PEFT: (r, in), (out, r)
-  std::vector<float> a, b;  // row-major, fp32
-  std::vector<float> grad_a, grad_b;  // same sizes, used by training
+  std::vector<float> a, b;  // row-major, fp32, host memory (the form files are read and written in)
   std::string keras_path(const GemmaConfig& config) const;  // ".../attention/query" (no /lora_kernel_a)
 };
 
@@ -73,12 +72,26 @@ using LoraDeltaPart = std::function<std::vector<float>(const LoraAdapter& adapte
 GemmaModel merge_lora(const GemmaModel& base, const LoraWeights& lora, const GemmaConfig& config,
                       const LoraDeltaPart& part);
 
-// Training's form: every adapter becomes the low-rank term of its block in `model` (y = x·Wᵀ +
-// scale·(x·A)·B; backward adds into the adapter's grad_a / grad_b, W is neither copied nor
-// differentiated). `whole` is the whole model's config; under an active tensor-parallel `plan`,
-// `model` holds this process' part of every matrix and each term covers the same part (a slice of
-// A or B, no copy). `lora` must outlive `model`'s use of the terms.
-void attach_lora(GemmaModel& model, LoraWeights& lora, const GemmaConfig& whole, const TensorParallelPlan& plan = {});
+// Training's form of the adapters: A, B and their gradients in a backend's memory, one of each per
+// adapter of a LoraWeights (same order), made once per run; the optimizer updates A and B there.
+struct LoraTensors {
+  std::vector<FloatBuffer> a, b, grad_a, grad_b;
+  LoraTensors() = default;
+  LoraTensors(Backend& backend, const LoraWeights& lora);  // A and B uploaded, gradients zero
+  // The current A and B back into `lora`'s host copies (for saving, merging, checkpoints).
+  void download(Backend& backend, LoraWeights& lora) const;
+};
+
+// Every adapter becomes the low-rank term of its block in `model` (y = x·Wᵀ + scale·(x·A)·B; W is
+// neither copied nor differentiated). `whole` is the whole model's config; under an active
+// tensor-parallel `plan`, `model` holds this process' part of every matrix and each term covers the
+// same part (a slice of A or B, no copy). With `tensors` the terms read A and B there and backward
+// adds into their gradients (training); without, they read `lora`'s host values and are frozen
+// (inference over an int8 base). What the terms point to must outlive `model`'s use of them.
+void attach_lora(GemmaModel& model, const LoraWeights& lora, LoraTensors& tensors, const GemmaConfig& whole,
+                 const TensorParallelPlan& plan = {});
+void attach_lora(GemmaModel& model, const LoraWeights& lora, const GemmaConfig& whole,
+                 const TensorParallelPlan& plan = {});
 
 // Checks that adapters fit the model (layer index, shapes); throws Error naming `source`.
 void validate_lora(const GemmaConfig& config, const LoraWeights& lora, const std::string& source);

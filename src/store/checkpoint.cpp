@@ -26,11 +26,17 @@ static std::string exact(double v) {
   return buf;
 }
 
-static HostTensor view_of(const float* data, size_t n) {
+static void need_host(const Span<float>& values, size_t n, const std::string& what) {
+  check(values.device == Device::Host && values.data != nullptr && values.size >= n, "checkpoint: ", what,
+        " is not ", n, " values in host memory");
+}
+
+static HostTensor view_of(const Span<float>& values, size_t n, const std::string& what) {
+  need_host(values, n, what);
   HostTensor t;
   t.dtype = DType::F32;
   t.shape = {int64_t(n)};
-  t.data = reinterpret_cast<const std::byte*>(data);
+  t.data = reinterpret_cast<const std::byte*>(values.data);
   return t;
 }
 
@@ -44,9 +50,9 @@ void write_checkpoint(const std::string& path, const CheckpointState& state, con
                       DeviceMesh* mesh) {
   std::vector<std::pair<std::string, HostTensor>> named;
   for (const CheckpointTensor& t : tensors) {
-    named.emplace_back("param/" + t.path, view_of(t.value, t.size));
-    named.emplace_back("momentum/" + t.path, view_of(t.momentum, t.size));
-    named.emplace_back("velocity/" + t.path, view_of(t.velocity, t.size));
+    named.emplace_back("param/" + t.path, view_of(t.value, t.size, t.path));
+    named.emplace_back("momentum/" + t.path, view_of(t.momentum, t.size, "the momentum of " + t.path));
+    named.emplace_back("velocity/" + t.path, view_of(t.velocity, t.size, "the velocity of " + t.path));
   }
   std::map<std::string, std::string> meta = {
       {"format", "meshtune-checkpoint-1"},
@@ -268,8 +274,9 @@ CheckpointState read_checkpoint(const std::string& manifest_or_file, const std::
       check(it != stored.end(), path, ": missing ", kind + t.path, " (was the checkpoint made with other options?)");
       check(it->second.dtype == DType::F32 && size_t(num_elements(it->second.shape)) == t.size, path, ": ",
             kind + t.path, " has ", num_elements(it->second.shape), " values, expected ", t.size);
-      float* dst = kind == "param/" ? t.value : kind == "momentum/" ? t.momentum : t.velocity;
-      std::memcpy(dst, it->second.data, t.size * 4);
+      const Span<float>& dst = kind == "param/" ? t.value : kind == "momentum/" ? t.momentum : t.velocity;
+      need_host(dst, t.size, kind + t.path);
+      std::memcpy(dst.data, it->second.data, t.size * 4);
     }
   }
   CheckpointState state;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/tensor.h"
 #include "distribution/mesh.h"
 #include "distribution/sharding.h"
@@ -30,7 +31,7 @@ struct CheckpointState {
 // its block lies in the whole variable.
 struct CheckpointTensor {
   std::string path;  // Keras path, e.g. ".../attention/query/lora_kernel_a"
-  float *value = nullptr, *momentum = nullptr, *velocity = nullptr;
+  Span<float> value, momentum, velocity;  // host memory (a device's tensors are staged by the caller)
   size_t size = 0;
   ShardSpec placement;
 };

@@ -47,13 +47,9 @@ json peft_number(double x) {
   return x;
 }
 
-// Adapters read from `path`, with zeroed gradients, checked against the model.
+// Adapters read from `path`, checked against the model.
 LoraWeights checked(LoraWeights w, const GemmaConfig& config, const std::string& path) {
   check(!w.adapters.empty(), path, ": no LoRA adapters in the file");
-  for (LoraAdapter& ad : w.adapters) {
-    ad.grad_a.assign(ad.a.size(), 0.f);
-    ad.grad_b.assign(ad.b.size(), 0.f);
-  }
   validate_lora(config, w, path);
   return w;
 }

@@ -20,21 +20,10 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-// Keras: ops.sum(ops.square(g)) over the tensor. Summed in double: the order of an fp32 reduction
-// is the backend's business anyway, so no bit-exact match is possible there.
-double squared_norm(const Parameter& p) {
-  double sum = 0;
-  for (size_t i = 0; i < p.size; ++i) sum += double(p.grad[i]) * double(p.grad[i]);
-  return sum;
-}
-
-void scale_grad(const Parameter& p, float scale) {
-  for (size_t i = 0; i < p.size; ++i) p.grad[i] = p.grad[i] * scale;
-}
-
 }  // namespace
 
-AdamW::AdamW(const AdamWOptions& options, const std::vector<Parameter>& params) : options_(options) {
+AdamW::AdamW(Backend& backend, const AdamWOptions& options, const std::vector<Parameter>& params)
+    : backend_(&backend), options_(options) {
   int clip_options = (options.clipnorm != 0) + (options.clipvalue != 0) + (options.global_clipnorm != 0);
   check(clip_options <= 1, "AdamW: only one of clipnorm, clipvalue and global_clipnorm may be set (got clipnorm=",
         options.clipnorm, ", clipvalue=", options.clipvalue, ", global_clipnorm=", options.global_clipnorm, ")");
@@ -53,17 +42,20 @@ AdamW::AdamW(const AdamWOptions& options, const std::vector<Parameter>& params) 
 
   momentums.reserve(params.size());
   velocities.reserve(params.size());
-  for (const auto& p : params) {
-    momentums.emplace_back(p.size, 0.0f);
-    velocities.emplace_back(p.size, 0.0f);
-  }
+  for (const auto& p : params)
+    for (auto* slots : {&momentums, &velocities}) {
+      FloatBuffer& slot = slots->emplace_back();
+      backend.resize(slot, p.size);
+      backend.zero(slot, int64_t(p.size));
+    }
 }
 
 bool AdamW::decays(const Parameter& p) const {
   return !exclude_ || !exclude_->search(p.name);
 }
 
-void AdamW::step(Backend& backend, const std::vector<Parameter>& params, double lr_value) {
+void AdamW::step(const std::vector<Parameter>& params, double lr_value) {
+  Backend& backend = *backend_;
   check(params.size() == momentums.size(), "AdamW: step got ", params.size(), " parameters but slots were made for ",
         momentums.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -71,19 +63,19 @@ void AdamW::step(Backend& backend, const std::vector<Parameter>& params, double 
           " elements but its slots have ", momentums[i].size());
   }
 
-  // 1. Clip the gradients (Keras checks clipnorm, then global_clipnorm, then clipvalue).
+  // 1. Clip the gradients (Keras checks clipnorm, then global_clipnorm, then clipvalue). Keras:
+  // ops.sum(ops.square(g)) per tensor; summed in double here (the order of an fp32 reduction is the
+  // backend's business anyway, so no bit-exact match is possible there).
   std::vector<double> squared_norms;
   if (options_.clipnorm > 0 || options_.global_clipnorm > 0) {
-    for (const auto& p : params) squared_norms.push_back(squared_norm(p));
+    for (const auto& p : params) squared_norms.push_back(backend.sum_of_squares(p.grad, int64_t(p.size)));
     if (sum_squared_norms) sum_squared_norms(squared_norms);
   }
   if (options_.clipnorm > 0) {
     const float c = float(options_.clipnorm);
     for (size_t k = 0; k < params.size(); ++k) {
-      const Parameter& p = params[k];
       const float norm = std::sqrt(float(squared_norms[k]));
-      const float denom = std::max(norm, c);
-      for (size_t i = 0; i < p.size; ++i) p.grad[i] = (p.grad[i] * c) / denom;
+      backend.scale_by_ratio(params[k].grad, int64_t(params[k].size), c, std::max(norm, c));
     }
   } else if (options_.global_clipnorm > 0) {
     double total = 0;
@@ -92,12 +84,9 @@ void AdamW::step(Backend& backend, const std::vector<Parameter>& params, double 
     const float norm = std::sqrt(float(total));
     // Keras: scale = c·min(1/norm, 1/c), plus (norm − norm) so a non-finite norm gives NaN.
     const float scale = c * std::min(1.0f / norm, 1.0f / c) + (norm - norm);
-    for (const auto& p : params) scale_grad(p, scale);
+    for (const auto& p : params) backend.scale(p.grad, int64_t(p.size), scale);
   } else if (options_.clipvalue > 0) {
-    const float v = float(options_.clipvalue);
-    for (const auto& p : params) {
-      for (size_t i = 0; i < p.size; ++i) p.grad[i] = std::clamp(p.grad[i], -v, v);
-    }
+    for (const auto& p : params) backend.clamp(p.grad, int64_t(p.size), float(options_.clipvalue));
   }
 
   // Keras casts every scalar to the variable dtype (fp32) before using it.
@@ -124,7 +113,7 @@ void AdamW::step(Backend& backend, const std::vector<Parameter>& params, double 
                          .alpha = alpha,
                          .epsilon = epsilon};
     const size_t n = p.size;
-    backend.adamw_update(Floats(p.value, n), ConstFloats(p.grad, n), momentums[k], velocities[k], int64_t(n), step);
+    backend.adamw_update(p.value, p.grad, momentums[k], velocities[k], int64_t(n), step);
   }
   ++iterations;
 }

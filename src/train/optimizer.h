@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/user_regex.h"
 #include "train/parameter.h"
 
-#include "backend/backend.h"
 namespace meshtune {
 
 struct AdamWOptions {
@@ -27,22 +27,24 @@ struct AdamWOptions {
 
 class AdamW {
  public:
-  // Slots are created for `params` (zeros). Throws Error if more than one clipping option is set
-  // or an exclusion pattern is not a valid regex.
-  AdamW(const AdamWOptions& options, const std::vector<Parameter>& params);
+  // Slots are created for `params` (zeros, in `backend`'s memory, where the parameters are and the
+  // update runs). Throws Error if more than one clipping option is set or an exclusion pattern is
+  // not a valid regex.
+  AdamW(Backend& backend, const AdamWOptions& options, const std::vector<Parameter>& params);
   // One update of every parameter from its grad, at learning rate `lr` (from a schedule).
   // Increments iterations. Gradients are left as they are (clipped in place if clipping is on).
-  void step(Backend& backend, const std::vector<Parameter>& params, double lr);
+  void step(const std::vector<Parameter>& params, double lr);
   bool decays(const Parameter& p) const;  // false when the exclusion regex matches p.name
 
   int64_t iterations = 0;
-  std::vector<std::vector<float>> momentums, velocities;  // per parameter, same order
+  std::vector<FloatBuffer> momentums, velocities;  // per parameter, same order, on the backend
   // When parameters are blocks of variables split over processes: turns each parameter's local
   // sum of squared gradients into its whole variable's (clipnorm / global_clipnorm need those).
   std::function<void(std::vector<double>& squared_norms)> sum_squared_norms;
   const AdamWOptions& options() const { return options_; }
 
  private:
+  Backend* backend_;
   AdamWOptions options_;
   std::string exclude_regex_;
   std::optional<UserRegex> exclude_;  // compiled exclude_regex_; none: an empty list excludes nothing (Keras: None)

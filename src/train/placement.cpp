@@ -10,20 +10,30 @@
 
 namespace meshtune {
 
-// A variable's value storage (fp32 and writable for trainable variables) and the gradient pointer
-// that backward fills for it.
+// A variable's value storage (fp32 and writable for trainable variables: the model's weights, in
+// host memory) and the gradient pointer that backward fills for it.
 struct SlotRef {
-  float* value = nullptr;
+  Floats value;
   size_t size = 0;
   float** grad = nullptr;
 };
 
 static SlotRef slot_ref(GemmaModel& m, ModelGradients& g, const VariableSpec& spec) {
   float*& grad = g.of(spec.slot, spec.layer);
-  if (WeightMatrix* w = m.matrix(spec.slot, spec.layer))
-    return {const_cast<float*>(w->f32()), size_t(w->rows * w->cols), &grad};
+  if (WeightMatrix* w = m.matrix(spec.slot, spec.layer)) {
+    const size_t n = size_t(w->rows * w->cols);
+    return {Floats(const_cast<float*>(w->f32()), n, w->device), n, &grad};
+  }
   std::vector<float>* v = m.vector(spec.slot, spec.layer);
-  return {v->data(), v->size(), &grad};
+  return {*v, v->size(), &grad};
+}
+
+Floats Trainer::gradient_storage(size_t i, size_t size, float** backward_hook) {
+  FloatBuffer& grad = grad_storage_[i];
+  backend_->resize(grad, size);
+  backend_->zero(grad, int64_t(size));
+  *backward_hook = grad.data();
+  return grad;
 }
 
 static std::string short_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
@@ -39,12 +49,14 @@ Trainer::Trainer(Backend& backend, MatmulPrecision precision, GemmaModel base, s
   if (lora_ && lora_->adapters.empty()) lora_.reset();
   if (lora_) {
     validate_lora(c, *lora_, "LoRA adapter");
-    for (LoraAdapter& ad : lora_->adapters) {
-      ad.grad_a.assign(ad.a.size(), 0.f);
-      ad.grad_b.assign(ad.b.size(), 0.f);
+    lora_tensors_ = LoraTensors(backend, *lora_);
+    for (size_t i = 0; i < lora_->adapters.size(); ++i) {
+      const LoraAdapter& ad = lora_->adapters[i];
       const std::string path = ad.keras_path(c);
-      params_.push_back({path + "/lora_kernel_a", "lora_kernel_a", ad.a_shape, ad.a.data(), ad.grad_a.data(), ad.a.size()});
-      params_.push_back({path + "/lora_kernel_b", "lora_kernel_b", ad.b_shape, ad.b.data(), ad.grad_b.data(), ad.b.size()});
+      params_.push_back({path + "/lora_kernel_a", "lora_kernel_a", ad.a_shape, lora_tensors_.a[i],
+                         lora_tensors_.grad_a[i], ad.a.size()});
+      params_.push_back({path + "/lora_kernel_b", "lora_kernel_b", ad.b_shape, lora_tensors_.b[i],
+                         lora_tensors_.grad_b[i], ad.b.size()});
     }
   } else {
     // Writable fp32 working copies (full fine-tuning updates in place). Under a mesh
@@ -53,18 +65,16 @@ Trainer::Trainer(Backend& backend, MatmulPrecision precision, GemmaModel base, s
     grad_storage_.resize(specs.size());
     for (size_t i = 0; i < specs.size(); ++i) {
       if (!dist_.mesh) set_variable(model_, specs[i], variable_values(model_, specs[i]));
-      params_.push_back({specs[i].keras_path, short_name(specs[i].keras_path), specs[i].hf_shape, nullptr, nullptr,
+      params_.push_back({specs[i].keras_path, short_name(specs[i].keras_path), specs[i].hf_shape, {}, {},
                          size_t(num_elements(specs[i].hf_shape))});
       if (dist_.mesh) continue;
       SlotRef ref = slot_ref(model_, grads_, specs[i]);
-      grad_storage_[i].assign(ref.size, 0.f);
-      *ref.grad = grad_storage_[i].data();
       params_.back().value = ref.value;
-      params_.back().grad = grad_storage_[i].data();
+      params_.back().grad = gradient_storage(i, ref.size, ref.grad);
     }
   }
   place_variables();
-  optimizer_ = std::make_unique<AdamW>(options_.adamw, params_);
+  optimizer_ = std::make_unique<AdamW>(backend, options_.adamw, params_);
   if (dist_.mesh && dist_.mesh->size() > 1)
     optimizer_->sum_squared_norms = [this](std::vector<double>& squared_norms) {
       // Every process holds a block of each variable, and each block is held by mesh size ÷
@@ -90,6 +100,9 @@ void Trainer::place_variables() {
     trainables_.push_back(std::move(t));
   }
   if (!dist_.mesh) return;
+  // The blocks, their gradients' collectives and the gathers below work on host memory (MPI's).
+  check(backend_->device() == Device::Host, "training under a mesh needs a backend computing in host memory, not ",
+        backend_->name());
   DeviceMesh& mesh = *dist_.mesh;
   plan_ = plan_tensor_parallel(config_, dist_.layout, mesh, dist_.batch_axis, dist_.tensor_parallel);
   if (lora_) {
@@ -130,10 +143,8 @@ void Trainer::place_variables() {
       }
       set_variable(model_, spec, t.region, std::move(working));
       SlotRef ref = slot_ref(model_, grads_, spec);
-      grad_storage_[i].assign(ref.size, 0.f);
-      *ref.grad = grad_storage_[i].data();
       t.value = ref.value;
-      t.grad = grad_storage_[i].data();
+      t.grad = gradient_storage(i, ref.size, ref.grad);
       t.size = ref.size;
     }
     model_.config = plan_.local_config(config_);
@@ -144,8 +155,8 @@ void Trainer::place_variables() {
     Trainable& t = trainables_[i];
     const ShardSpec& held = t.held();
     if (t.separate()) t.block_grad.assign(t.block.size(), 0.f);
-    params_[i].value = t.separate() ? t.block.data() : t.value;
-    params_[i].grad = t.separate() ? t.block_grad.data() : t.grad;
+    params_[i].value = t.separate() ? Floats(t.block) : t.value;
+    params_[i].grad = t.separate() ? Floats(t.block_grad) : t.grad;
     params_[i].size = size_t(held.local_size());
     if (held.local_size() != held.full_size()) params_[i].shape = {held.local[0], held.local[1], held.local[2]};
   }
@@ -154,7 +165,7 @@ void Trainer::place_variables() {
 void Trainer::refresh_working_copy(Trainable& t) {
   if (!t.separate()) return;
   const std::vector<float> values = gather_region(t.block.data(), t.shard, t.region, *dist_.mesh);
-  std::copy(values.begin(), values.end(), t.value);
+  std::copy(values.begin(), values.end(), t.value.data);
 }
 
 size_t Trainer::held_weight_bytes() const {
@@ -212,7 +223,7 @@ void Trainer::finish_gradients(LossSums& sums) {
     for (size_t i = 0; i < trainables_.size(); ++i) {
       Trainable& t = trainables_[i];
       scatter_dim[i] = t.separate() ? only_split_by(t.region, t.shard, axis) : -1;
-      if (scatter_dim[i] < 0) grads.push_back({t.grad, t.size});
+      if (scatter_dim[i] < 0) grads.push_back({t.grad.data, t.size});
     }
     all_reduce_sum_bucketed(*batch, grads);
   }
@@ -220,7 +231,7 @@ void Trainer::finish_gradients(LossSums& sums) {
   if (tensor_parallel) {  // partial gradients of parts this process holds whole: one bucketed sum
     std::vector<std::pair<float*, size_t>> partial;
     for (Trainable& t : trainables_)
-      if (t.partial && contains(t.region, t.shard)) partial.push_back({t.grad, t.size});
+      if (t.partial && contains(t.region, t.shard)) partial.push_back({t.grad.data, t.size});
     all_reduce_sum_bucketed(*tensor_parallel, partial);
   }
   for (size_t i = 0; i < trainables_.size(); ++i) {
@@ -229,7 +240,7 @@ void Trainer::finish_gradients(LossSums& sums) {
       // The block reaches beyond this process' part (e.g. a replicated K/V kernel of which each
       // process uses its heads): assemble the whole gradient from every process' part.
       std::vector<float> whole(static_cast<size_t>(t.shard.full_size()), 0.f);
-      place_block(t.grad, t.region, whole.data());
+      place_block(t.grad.data, t.region, whole.data());
       tensor_parallel->all_reduce_sum(whole.data(), whole.size());
       t.block_grad = take_block(whole.data(), t.shard);
     } else if (scatter_dim[i] >= 0) {
@@ -239,27 +250,32 @@ void Trainer::finish_gradients(LossSums& sums) {
       std::vector<float> blocks(count * size_t(batch->size()));
       for (int m = 0; m < batch->size(); ++m) {
         member.offset[size_t(scatter_dim[i])] = member.local[size_t(scatter_dim[i])] * m;
-        const std::vector<float> b = take_block(t.grad, member);
+        const std::vector<float> b = take_block(t.grad.data, member);
         std::copy(b.begin(), b.end(), blocks.begin() + long(count * size_t(m)));
       }
       t.block_grad.resize(count);
       batch->reduce_scatter_sum(blocks.data(), count, t.block_grad.data());
     } else if (t.separate()) {
-      t.block_grad = take_block(t.grad, relative(t.shard, t.region));
+      t.block_grad = take_block(t.grad.data, relative(t.shard, t.region));
     }
-    if (t.separate()) params_[i].grad = t.block_grad.data();  // take_block reallocated it
+    if (t.separate()) params_[i].grad = t.block_grad;  // take_block reallocated it
   }
 }
 
 void Trainer::apply_update(double lr) {
-  optimizer_->step(*backend_, params_, lr);
+  optimizer_->step(params_, lr);
   ++step_;
   if (!dist_.mesh) return;
   for (Trainable& t : trainables_) refresh_working_copy(t);
 }
 
+const std::optional<LoraWeights>& Trainer::lora() const {
+  if (lora_) lora_tensors_.download(*backend_, *lora_);
+  return lora_;
+}
+
 GemmaModel Trainer::current_model() {
-  if (lora_) return merge_lora(frozen_.has_split() ? frozen_.materialize() : model_, *lora_);
+  if (lora_) return merge_lora(frozen_.has_split() ? frozen_.materialize() : model_, *lora());
   if (!plan_.active()) return model_;  // whole working copies
   GemmaModel m = model_;  // tensor parallel: each variable gathered from its parts
   m.config = config_;
@@ -268,7 +284,7 @@ GemmaModel Trainer::current_model() {
   for (size_t i = 0; i < specs.size(); ++i) {
     const Trainable& t = trainables_[i];
     std::vector<float> whole(t.whole_size);
-    gather_full(t.separate() ? t.block.data() : t.value, t.shard, *dist_.mesh, whole.data());
+    gather_full(t.separate() ? t.block.data() : t.value.data, t.shard, *dist_.mesh, whole.data());
     set_variable(m, specs[i], std::move(whole));
   }
   return m;
@@ -285,7 +301,7 @@ const GemmaModel& Trainer::training_model() {
   // as low-rank terms: nothing is merged.
   if (!training_model_) {
     training_model_ = dist_.mesh ? frozen_.compute_model(/*by_layer=*/true) : model_;
-    attach_lora(*training_model_, *lora_, config_, plan_);
+    attach_lora(*training_model_, *lora_, lora_tensors_, config_, plan_);
   }
   return *training_model_;
 }
@@ -295,7 +311,7 @@ GemmaModel Trainer::inference_model() {
   if (lora_ && int8_base_) return training_model();
   if (!dist_.mesh) return current_model();
   if (!lora_) return model_;  // the working copies (this process' parts under tensor parallelism)
-  return merge_lora_parts(frozen_.compute_model(/*by_layer=*/false), *lora_, config_, plan_);
+  return merge_lora_parts(frozen_.compute_model(/*by_layer=*/false), *lora(), config_, plan_);
 }
 
 }  // namespace meshtune

@@ -21,7 +21,7 @@ long long Trainer::trainable_count() const {
 }
 
 void Trainer::zero_gradients() {
-  for (Trainable& t : trainables_) std::fill(t.grad, t.grad + t.size, 0.f);
+  for (Trainable& t : trainables_) backend_->zero(t.grad, int64_t(t.size));
 }
 
 void Trainer::accumulate_gradients(const Batch& global_batch, double loss_scale, LossSums& sums) {
@@ -58,15 +58,14 @@ LossSums Trainer::optimizer_step(const std::vector<Batch>& micro_batches, double
 const Parameter* Trainer::first_not_finite(bool values) const {
   const Parameter* bad = nullptr;
   for (const Parameter& p : params_) {
-    const float* x = values ? p.value : p.grad;
-    if (!std::all_of(x, x + p.size, [](float v) { return std::isfinite(v); })) {
+    if (!backend_->all_finite(values ? p.value : p.grad, int64_t(p.size))) {
       bad = &p;
       break;
     }
   }
   double bad_anywhere = bad ? 1 : 0;
   if (dist_.mesh && dist_.mesh->size() > 1) dist_.mesh->comm().all_reduce_sum(&bad_anywhere, 1);
-  static const Parameter elsewhere{"a variable held by another process", "", {}, nullptr, nullptr, 0};
+  static const Parameter elsewhere{"a variable held by another process", "", {}, {}, {}, 0};
   return bad ? bad : bad_anywhere > 0 ? &elsewhere : nullptr;
 }
 
@@ -181,7 +180,7 @@ std::vector<CheckpointTensor> Trainer::checkpoint_tensors() const {
   std::vector<CheckpointTensor> tensors;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i];
-    tensors.push_back({p.path, p.value, optimizer_->momentums[i].data(), optimizer_->velocities[i].data(), p.size,
+    tensors.push_back({p.path, p.value, optimizer_->momentums[i], optimizer_->velocities[i], p.size,
                        trainables_[i].held()});
   }
   return tensors;

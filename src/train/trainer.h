@@ -83,7 +83,8 @@ class Trainer {
   // How the models above are computed with: the backend, the precision, and under a
   // tensor-parallel plan this process' group.
   Context context() const;
-  const std::optional<LoraWeights>& lora() const { return lora_; }
+  // The adapters with their current values (brought back from the backend's memory first).
+  const std::optional<LoraWeights>& lora() const;
   const GemmaModel& trainable_model() const { return model_; }
   std::vector<Parameter>& parameters() { return params_; }
   int64_t step() const { return step_; }
@@ -105,8 +106,7 @@ class Trainer {
   // whole, or this process' tensor-parallel part) and, when its layout stores another part here
   // (`shard`), that block, which the optimizer updates and the working copy is refreshed from.
   struct Trainable {
-    float* value = nullptr;
-    float* grad = nullptr;
+    Floats value, grad;     // the working copy and its gradient (backend memory; host under a mesh)
     size_t size = 0;        // of the working copy
     size_t whole_size = 0;  // of the whole variable
     ShardSpec region, shard;
@@ -117,6 +117,8 @@ class Trainer {
   };
 
   void place_variables();
+  // Parameter i's gradient (`size` zeros on the backend); `*backward_hook` is where backward adds.
+  Floats gradient_storage(size_t i, size_t size, float** backward_hook);
   void refresh_working_copy(Trainable& t);  // from the block the optimizer updated
   // LoRA: what forward/backward run on (the frozen base with the adapters as low-rank terms over their
   // storage), made by the first step and kept: the adapters are updated in place.
@@ -145,11 +147,12 @@ class Trainer {
   ShardedModel frozen_;  // LoRA under a mesh: the frozen base, split variables as blocks
   GemmaModel model_;                  // LoRA: the frozen base; full: writable fp32 weights
   bool int8_base_ = false;            // the frozen base has int8 matrices
-  std::optional<LoraWeights> lora_;
+  mutable std::optional<LoraWeights> lora_;  // host copies (files, merging): current after lora()
+  LoraTensors lora_tensors_;                 // the adapters and their gradients on the backend
   std::optional<GemmaModel> training_model_;  // training_model(), once made
   FitOptions options_;
   std::vector<Parameter> params_;
-  std::vector<std::vector<float>> grad_storage_;  // full fine-tuning gradients, per parameter
+  std::vector<FloatBuffer> grad_storage_;  // full fine-tuning gradients, per parameter, on the backend
   ModelGradients grads_;
   TrainingWorkspace workspace_;  // activations and temporaries, reused from step to step
   std::unique_ptr<AdamW> optimizer_;

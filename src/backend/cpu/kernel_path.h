@@ -20,6 +20,7 @@ struct KernelPath {
 // The path for `isa` (which the CPU must support: Error otherwise). oneDNN's bf16 matmul is taken
 // where asked for (`onednn_bf16`; unset = only with AMX-BF16, where it was measured to beat sgemm)
 // and possible (the avx512bf16 path and a build with oneDNN); its int8 matmul wherever the build has it
+// and its sums are exact on this CPU (cpu::onednn_int8_exact: not without VNNI)
 // unless `onednn_int8` is false.
 KernelPath make_kernel_path(CpuPath isa, int onednn_bf16 = -1, bool onednn_int8 = true);
 

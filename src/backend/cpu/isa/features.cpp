@@ -130,7 +130,7 @@ KernelPath make_kernel_path(CpuPath isa, int onednn_bf16, bool onednn_int8) {
                                         : &cpu::vector_ops_avx512();
   const bool want_bf16 = onednn_bf16 < 0 ? cpu_features().amx_bf16 : onednn_bf16 == 1;
   path.onednn_bf16 = want_bf16 && isa == CpuPath::Avx512Bf16 && cpu::onednn_available();
-  path.onednn_int8 = onednn_int8 && cpu::onednn_available();
+  path.onednn_int8 = onednn_int8 && cpu::onednn_available() && cpu::onednn_int8_exact();
   return path;
 }
 
@@ -169,7 +169,9 @@ std::vector<std::string> kernel_report(const KernelPath& kernels, bool forced) {
       "bf16 widening for the sgemm path: " + vector_path,
       "int8 matrix products (Keras int8): " + std::string(path == CpuPath::Avx512Bf16 ? "avx512 vnni (vpdpwssd)" : vector_path) +
           " for decode; " + (kernels.onednn_int8 ? "oneDNN " + std::string(cpu::onednn_version()) + " (its own ISA choice)"
-                                                      : std::string("the same kernel (no oneDNN in this build, or turned off)")) +
+                                                      : !cpu::onednn_available() ? std::string("the same kernel (no oneDNN in this build)")
+                                                      : !cpu::onednn_int8_exact() ? std::string("the same kernel (oneDNN's int8 sums are not exact on this CPU: no VNNI)")
+                                                                                  : std::string("the same kernel (oneDNN's int8 turned off)")) +
           " for more than 4 rows",
       "bf16 matmuls (--dtype-policy mixed_bfloat16 / bfloat16: bf16 inputs, fp32 sums): " +
           std::string(kernels.onednn_bf16

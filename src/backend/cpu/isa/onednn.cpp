@@ -10,6 +10,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace meshtune::cpu {
 
@@ -69,6 +70,34 @@ void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const in
     }
 }
 
+bool onednn_int8_exact() {
+  static const bool exact = [] {
+    // More rows than the few-row kernel takes, codes spread over −127 … 127 with runs at the ends
+    // (where 16-bit pair sums would saturate), scales 1: every sum is an integer a float holds.
+    const int64_t M = 8, rows = 8, cols = 256;
+    std::vector<int8_t> x(size_t(M * cols)), w(size_t(rows * cols));
+    uint32_t state = 12345;
+    auto code = [&state](int64_t i) {
+      state = state * 1664525u + 1013904223u;
+      if (i % 3 == 0) return int8_t((state >> 16) & 1 ? 127 : -127);
+      return int8_t(int((state >> 16) % 255) - 127);
+    };
+    for (int64_t i = 0; i < M * cols; ++i) x[size_t(i)] = code(i);
+    for (int64_t i = 0; i < rows * cols; ++i) w[size_t(i)] = i < cols ? int8_t(127) : code(i);
+    for (int64_t c = 0; c < cols; ++c) x[size_t(c)] = 127;  // row 0 · row 0: the largest sum
+    std::vector<float> ones(8, 1.f), y(size_t(M * rows));
+    dot_int8_onednn(x.data(), M, ones.data(), w.data(), ones.data(), rows, cols, y.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t sum = 0;
+        for (int64_t c = 0; c < cols; ++c) sum += int64_t(x[size_t(m * cols + c)]) * w[size_t(r * cols + c)];
+        if (y[size_t(m * rows + r)] != float(sum)) return false;
+      }
+    return true;
+  }();
+  return exact;
+}
+
 void matmul_bf16_onednn(const uint16_t* a, int64_t M, int64_t K, const uint16_t* b, int64_t N, bool b_is_n_by_k,
                         float* c, bool accumulate) {
   using dt = dnnl::memory::data_type;
@@ -103,6 +132,7 @@ namespace meshtune::cpu {
 bool onednn_available() { return false; }
 const char* onednn_version() { return ""; }
 void dot_int8_onednn(const int8_t*, int64_t, const float*, const int8_t*, const float*, int64_t, int64_t, float*) {}
+bool onednn_int8_exact() { return false; }
 void matmul_bf16_onednn(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, bool, float*, bool) {}
 }  // namespace meshtune::cpu
 

@@ -15,6 +15,11 @@ const char* onednn_version();  // "2.6.3"
 // exact int32 sums, Keras' dequantization (the same floats as cpu/int8_dot.h's kernels).
 void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales,
                      int64_t rows, int64_t cols, float* y);
+// Whether that product's sums are exact on this CPU, checked once on codes at ±127: without VNNI
+// (AVX2, AVX-512 without VNNI) oneDNN multiplies through saturating 16-bit pair sums and scales the
+// weights down to avoid them, so its int32 sums are not the products' (seen on an AVX2-only EPYC:
+// errors of 1.4 relative). Callers keep their own kernels where this is false.
+bool onednn_int8_exact();
 
 // c[M, N] (+)= a[M, K] · B for bf16 a and B, fp32 sums and output. B is b [N, K] row-major read as
 // its transpose when `b_is_n_by_k` (y = x·Wᵀ with W [out, in]), else b [K, N] row-major
