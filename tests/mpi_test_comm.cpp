@@ -30,7 +30,7 @@ struct ChunkLimit {
 // All ranks' copies of `value`, in rank order.
 std::vector<float> gather_one(Communicator& comm, float value) {
   std::vector<float> out(size_t(comm.size()));
-  comm.all_gather(&value, 1, out.data());
+  comm.all_gather({&value, 1}, out);
   return out;
 }
 
@@ -52,7 +52,7 @@ TEST(MpiComm, AllReduceSumFloat) {
   const int n = comm.size(), me = comm.rank();
   std::vector<float> data(1000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = float(me + 1) + 0.5f * float(i);
-  comm.all_reduce_sum(data.data(), data.size());
+  comm.all_reduce_sum(data);
   // Small integers and halves: every partial sum is exact, so the comparison can be exact.
   for (size_t i = 0; i < data.size(); ++i) {
     ASSERT_EQ(data[i], float(n * (n + 1) / 2) + 0.5f * float(n) * float(i)) << "element " << i;
@@ -64,7 +64,7 @@ TEST(MpiComm, AllReduceSumDouble) {
   const int n = comm.size(), me = comm.rank();
   std::vector<double> data(777);
   for (size_t i = 0; i < data.size(); ++i) data[i] = double(me) * 1e10 + double(i);
-  comm.all_reduce_sum(data.data(), data.size());
+  comm.all_reduce_sum(data);
   for (size_t i = 0; i < data.size(); ++i) {
     ASSERT_EQ(data[i], double(n * (n - 1) / 2) * 1e10 + double(n) * double(i)) << "element " << i;
   }
@@ -77,12 +77,12 @@ TEST(MpiComm, AllReduceIsIdenticalOnEveryRankAndRepeatable) {
   std::vector<float> input(4099);
   for (float& x : input) x = normal(rng);
   std::vector<float> first = input, second = input;
-  comm.all_reduce_sum(first.data(), first.size());
-  comm.all_reduce_sum(second.data(), second.size());
+  comm.all_reduce_sum(first);
+  comm.all_reduce_sum(second);
   ASSERT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)), 0);
   // Every rank holds the same bits: gather each rank's copy and compare with rank 0's.
   std::vector<float> all(first.size() * size_t(comm.size()));
-  comm.all_gather(first.data(), first.size(), all.data());
+  comm.all_gather(first, all);
   for (int r = 1; r < comm.size(); ++r) {
     ASSERT_EQ(std::memcmp(all.data(), all.data() + size_t(r) * first.size(),
                           first.size() * sizeof(float)), 0) << "rank " << r;
@@ -99,8 +99,8 @@ TEST(MpiComm, ChunkedAllReduceAndBroadcast) {
     f[i] = float(i) + float(me);
     d[i] = double(i) * double(me + 1);
   }
-  comm.all_reduce_sum(f.data(), f.size());
-  comm.all_reduce_sum(d.data(), d.size());
+  comm.all_reduce_sum(f);
+  comm.all_reduce_sum(d);
   for (size_t i = 0; i < f.size(); ++i) {
     ASSERT_EQ(f[i], float(n) * float(i) + float(n * (n - 1) / 2)) << "element " << i;
     ASSERT_EQ(d[i], double(i) * double(n * (n + 1) / 2)) << "element " << i;
@@ -110,7 +110,7 @@ TEST(MpiComm, ChunkedAllReduceAndBroadcast) {
   if (me == 0) {
     for (size_t i = 0; i < b.size(); ++i) b[i] = float(i) * 3.0f;
   }
-  comm.broadcast(b.data(), b.size(), 0);
+  comm.broadcast(b, 0);
   for (size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], float(i) * 3.0f);
 
   std::string bytes = me == 0 ? std::string(40, 'z') + "tail" : "";
@@ -120,8 +120,8 @@ TEST(MpiComm, ChunkedAllReduceAndBroadcast) {
   // Counts above the limit that cannot be chunked are rejected on every rank, before any MPI call.
   if (n > 1) {
     std::vector<float> out(size_t(n) * 8);
-    EXPECT_THROW(comm.all_gather(out.data(), 8, out.data()), Error);
-    EXPECT_THROW(comm.reduce_scatter_sum(out.data(), 8, out.data()), Error);
+    EXPECT_THROW(comm.all_gather({out.data(), 8}, out), Error);
+    EXPECT_THROW(comm.reduce_scatter_sum(out, {out.data(), 8}), Error);
   }
 }
 
@@ -131,7 +131,7 @@ TEST(MpiComm, AllGatherOrdering) {
   const size_t count = 3;
   std::vector<float> in(count), out(count * size_t(n), -1.0f);
   for (size_t i = 0; i < count; ++i) in[i] = float(me * 10) + float(i);
-  comm.all_gather(in.data(), count, out.data());
+  comm.all_gather(in, out);
   for (int r = 0; r < n; ++r) {
     for (size_t i = 0; i < count; ++i) {
       EXPECT_EQ(out[size_t(r) * count + i], float(r * 10) + float(i)) << "rank " << r << " i " << i;
@@ -145,7 +145,7 @@ TEST(MpiComm, ReduceScatterSum) {
   const size_t count = 5;
   std::vector<float> in(count * size_t(n)), out(count, -1.0f);
   for (size_t j = 0; j < in.size(); ++j) in[j] = float(me * 1000) + float(j);
-  comm.reduce_scatter_sum(in.data(), count, out.data());
+  comm.reduce_scatter_sum(in, out);
   for (size_t i = 0; i < count; ++i) {
     float j = float(size_t(me) * count + i);
     EXPECT_EQ(out[i], float(1000 * n * (n - 1) / 2) + float(n) * j) << "element " << i;
@@ -160,13 +160,13 @@ TEST(MpiComm, BroadcastFromEveryRoot) {
     if (me == root) {
       for (size_t i = 0; i < data.size(); ++i) data[i] = float(root * 100) + float(i);
     }
-    comm.broadcast(data.data(), data.size(), root);
+    comm.broadcast(data, root);
     for (size_t i = 0; i < data.size(); ++i) {
       ASSERT_EQ(data[i], float(root * 100) + float(i)) << "root " << root;
     }
   }
-  EXPECT_THROW(comm.broadcast(nullptr, 0, n), Error);
-  EXPECT_THROW(comm.broadcast(nullptr, 0, -1), Error);
+  EXPECT_THROW(comm.broadcast({}, n), Error);
+  EXPECT_THROW(comm.broadcast({}, -1), Error);
 }
 
 TEST(MpiComm, BroadcastBytes) {
@@ -202,7 +202,7 @@ TEST(MpiComm, SplitByParity) {
 
   // A sum within the sub-communicator only involves its members.
   double total = me;
-  sub->all_reduce_sum(&total, 1);
+  sub->all_reduce_sum({&total, 1});
   double want = 0;
   for (float r : expected) want += r;
   EXPECT_EQ(total, want);

@@ -34,27 +34,33 @@ TEST(SingleCommunicator, CollectivesAreCopies) {
   EXPECT_EQ(comm->size(), 1);
 
   std::vector<float> f = {1.5f, -2.0f, 3.25f};
-  comm->all_reduce_sum(f.data(), f.size());
+  comm->all_reduce_sum(f);
   EXPECT_EQ(f, (std::vector<float>{1.5f, -2.0f, 3.25f}));
   std::vector<double> d = {1e300, -0.5};
-  comm->all_reduce_sum(d.data(), d.size());
+  comm->all_reduce_sum(d);
   EXPECT_EQ(d, (std::vector<double>{1e300, -0.5}));
 
   std::vector<float> out(3, 0.0f);
-  comm->all_gather(f.data(), f.size(), out.data());
+  comm->all_gather(f, out);
   EXPECT_EQ(out, f);
   std::vector<float> scattered(3, 0.0f);
-  comm->reduce_scatter_sum(f.data(), f.size(), scattered.data());
+  comm->reduce_scatter_sum(f, scattered);
   EXPECT_EQ(scattered, f);
 
-  comm->broadcast(f.data(), f.size(), 0);
+  comm->broadcast(f, 0);
   EXPECT_EQ(f, (std::vector<float>{1.5f, -2.0f, 3.25f}));
   std::string bytes("a\0b", 3);
   comm->broadcast_bytes(bytes, 0);
   EXPECT_EQ(bytes, std::string("a\0b", 3));
   comm->barrier();
 
-  EXPECT_THROW(comm->broadcast(f.data(), f.size(), 1), Error);
+  EXPECT_THROW(comm->broadcast(f, 1), Error);
+  // Operands are checked like a backend's: in the communicator's memory, long enough.
+  float x = 1;
+  EXPECT_NE(error_of([&] { comm->all_reduce_sum(Span<float>(&x, 1, Device::Cuda)); }).find("is in cuda memory"),
+            std::string::npos);
+  std::vector<float> two(2);
+  EXPECT_NE(error_of([&] { comm->all_gather(f, two); }).find("output holds 2 elements, 3 needed"), std::string::npos);
   EXPECT_THROW(comm->broadcast_bytes(bytes, -1), Error);
 
   std::unique_ptr<Communicator> sub = comm->split(5, 0);

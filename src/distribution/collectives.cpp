@@ -2,31 +2,35 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace meshtune {
 
-void all_reduce_sum_bucketed(Communicator& comm, const std::vector<std::pair<float*, size_t>>& arrays) {
+void all_reduce_sum_bucketed(Communicator& comm, const std::vector<Span<float>>& arrays) {
   constexpr size_t kBucket = size_t(1) << 24;
   std::vector<float> bucket;
-  std::vector<std::pair<float*, size_t>> members;
+  std::vector<Span<float>> members;
   auto flush = [&] {
     if (bucket.empty()) return;
-    comm.all_reduce_sum(bucket.data(), bucket.size());
+    comm.all_reduce_sum(bucket);
     size_t o = 0;
-    for (const auto& [data, n] : members) {
-      std::copy_n(bucket.begin() + long(o), n, data);
-      o += n;
+    for (const Span<float>& member : members) {
+      std::copy_n(bucket.begin() + long(o), member.size, member.data);
+      o += member.size;
     }
     bucket.clear();
     members.clear();
   };
-  for (const auto& [data, n] : arrays) {
-    if (n >= kBucket) {  // large arrays go on their own, in place
-      comm.all_reduce_sum(data, n);
+  for (const Span<float>& array : arrays) {
+    if (array.size >= kBucket) {  // large arrays go on their own, in place
+      comm.all_reduce_sum(array);
       continue;
     }
-    if (bucket.size() + n > kBucket) flush();
-    bucket.insert(bucket.end(), data, data + n);
-    members.push_back({data, n});
+    check(array.device == Device::Host, "all_reduce_sum_bucketed: the bucket is host memory, an array is in ",
+          device_name(array.device), " memory");
+    if (bucket.size() + array.size > kBucket) flush();
+    bucket.insert(bucket.end(), array.data, array.data + array.size);
+    members.push_back(array);
   }
   flush();
 }

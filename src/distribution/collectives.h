@@ -11,6 +11,6 @@ namespace meshtune {
 // Sums every array over `comm` in place, with one all-reduce per bucket of up to 16 Mi floats rather
 // than one per array (LoRA has two small arrays per adapter: latency, not bandwidth, would
 // dominate). Arrays of a bucket's size or more go on their own, in place.
-void all_reduce_sum_bucketed(Communicator& comm, const std::vector<std::pair<float*, size_t>>& arrays);
+void all_reduce_sum_bucketed(Communicator& comm, const std::vector<Span<float>>& arrays);
 
 }  // namespace meshtune

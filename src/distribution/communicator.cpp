@@ -28,6 +28,16 @@ void check_root(int root, int size, const char* op) {
         size, ")");
 }
 
+// An operand of `op`: in the communicator's memory and holding at least `count` elements.
+template <class E>
+E* operand(const Communicator& comm, const Span<E>& s, size_t count, const char* op, const char* what) {
+  check(count == 0 || s.data != nullptr, "communicator ", op, ": the ", what, " is missing");
+  check(s.device == comm.device(), "communicator ", op, ": the ", what, " is in ", device_name(s.device),
+        " memory; this communicator works on ", device_name(comm.device()), " memory");
+  check(s.size >= count, "communicator ", op, ": the ", what, " holds ", s.size, " elements, ", count, " needed");
+  return s.data;
+}
+
 // ---------------------------------------------------------------------------------------------
 // One process: every collective is the identity (or a copy).
 
@@ -35,20 +45,20 @@ class SingleCommunicator : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void all_reduce_sum(float*, size_t) override {}
-  void all_reduce_sum(double*, size_t) override {}
-  void all_reduce_max(float*, size_t) override {}
-  void all_gather(const float* in, size_t count, float* out) override { copy(in, count, out); }
-  void reduce_scatter_sum(const float* in, size_t count, float* out) override {
-    copy(in, count, out);
-  }
-  void broadcast(float*, size_t, int root) override { check_root(root, 1, "broadcast"); }
   void broadcast_bytes(std::string&, int root) override { check_root(root, 1, "broadcast_bytes"); }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int color, int) override {
     check(color >= 0, "communicator split: color must be non-negative, got ", color);
     return std::make_unique<SingleCommunicator>();
   }
+
+ protected:
+  void all_reduce_sum_impl(float*, size_t) override {}
+  void all_reduce_sum_impl(double*, size_t) override {}
+  void all_reduce_max_impl(float*, size_t) override {}
+  void all_gather_impl(const float* in, size_t count, float* out) override { copy(in, count, out); }
+  void reduce_scatter_sum_impl(const float* in, size_t count, float* out) override { copy(in, count, out); }
+  void broadcast_impl(float*, size_t, int) override {}
 
  private:
   static void copy(const float* in, size_t count, float* out) {
@@ -111,41 +121,6 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void all_reduce_sum(float* data, size_t count) override {
-    CollectiveTimer timer;
-    all_reduce(data, count, MPI_FLOAT, sizeof(float));
-  }
-  void all_reduce_sum(double* data, size_t count) override {
-    CollectiveTimer timer;
-    all_reduce(data, count, MPI_DOUBLE, sizeof(double));
-  }
-  void all_reduce_max(float* data, size_t count) override {
-    CollectiveTimer timer;
-    all_reduce(data, count, MPI_FLOAT, sizeof(float), MPI_MAX);
-  }
-
-  void all_gather(const float* in, size_t count, float* out) override {
-    // The output interleaves members, so chunks would need strided types; reject instead.
-    check(count <= g_max_mpi_count, "communicator all_gather: ", count,
-          " elements per member exceed the MPI limit of ", g_max_mpi_count);
-    CollectiveTimer timer;
-    check_mpi(MPI_Allgather(in, int(count), MPI_FLOAT, out, int(count), MPI_FLOAT, comm_),
-              "Allgather");
-  }
-
-  void reduce_scatter_sum(const float* in, size_t count, float* out) override {
-    check(count <= g_max_mpi_count, "communicator reduce_scatter_sum: ", count,
-          " elements per member exceed the MPI limit of ", g_max_mpi_count);
-    CollectiveTimer timer;
-    check_mpi(MPI_Reduce_scatter_block(in, out, int(count), MPI_FLOAT, MPI_SUM, comm_),
-              "Reduce_scatter_block");
-  }
-
-  void broadcast(float* data, size_t count, int root) override {
-    check_root(root, size_, "broadcast");
-    bcast(data, count, MPI_FLOAT, sizeof(float), root);
-  }
-
   void broadcast_bytes(std::string& bytes, int root) override {
     check_root(root, size_, "broadcast_bytes");
     uint64_t length = bytes.size();
@@ -164,6 +139,41 @@ class MpiCommunicator : public Communicator {
     MPI_Comm sub = MPI_COMM_NULL;
     check_mpi(MPI_Comm_split(comm_, color, key, &sub), "Comm_split");
     return std::make_unique<MpiCommunicator>(sub, true);
+  }
+
+ protected:
+  void all_reduce_sum_impl(float* data, size_t count) override {
+    CollectiveTimer timer;
+    all_reduce(data, count, MPI_FLOAT, sizeof(float));
+  }
+  void all_reduce_sum_impl(double* data, size_t count) override {
+    CollectiveTimer timer;
+    all_reduce(data, count, MPI_DOUBLE, sizeof(double));
+  }
+  void all_reduce_max_impl(float* data, size_t count) override {
+    CollectiveTimer timer;
+    all_reduce(data, count, MPI_FLOAT, sizeof(float), MPI_MAX);
+  }
+
+  void all_gather_impl(const float* in, size_t count, float* out) override {
+    // The output interleaves members, so chunks would need strided types; reject instead.
+    check(count <= g_max_mpi_count, "communicator all_gather: ", count,
+          " elements per member exceed the MPI limit of ", g_max_mpi_count);
+    CollectiveTimer timer;
+    check_mpi(MPI_Allgather(in, int(count), MPI_FLOAT, out, int(count), MPI_FLOAT, comm_),
+              "Allgather");
+  }
+
+  void reduce_scatter_sum_impl(const float* in, size_t count, float* out) override {
+    check(count <= g_max_mpi_count, "communicator reduce_scatter_sum: ", count,
+          " elements per member exceed the MPI limit of ", g_max_mpi_count);
+    CollectiveTimer timer;
+    check_mpi(MPI_Reduce_scatter_block(in, out, int(count), MPI_FLOAT, MPI_SUM, comm_),
+              "Reduce_scatter_block");
+  }
+
+  void broadcast_impl(float* data, size_t count, int root) override {
+    bcast(data, count, MPI_FLOAT, sizeof(float), root);
   }
 
  private:
@@ -210,6 +220,29 @@ std::unique_ptr<Communicator> make_world() {
 }
 
 }  // namespace
+
+void Communicator::all_reduce_sum(Span<float> data) {
+  all_reduce_sum_impl(operand(*this, data, data.size, "all_reduce_sum", "data"), data.size);
+}
+void Communicator::all_reduce_sum(Span<double> data) {
+  all_reduce_sum_impl(operand(*this, data, data.size, "all_reduce_sum", "data"), data.size);
+}
+void Communicator::all_reduce_max(Span<float> data) {
+  all_reduce_max_impl(operand(*this, data, data.size, "all_reduce_max", "data"), data.size);
+}
+void Communicator::all_gather(Span<const float> in, Span<float> out) {
+  const float* from = operand(*this, in, in.size, "all_gather", "input");
+  all_gather_impl(from, in.size, operand(*this, out, in.size * size_t(size()), "all_gather", "output"));
+}
+void Communicator::reduce_scatter_sum(Span<const float> in, Span<float> out) {
+  const float* from = operand(*this, in, out.size * size_t(size()), "reduce_scatter_sum", "input");
+  reduce_scatter_sum_impl(from, out.size, operand(*this, out, out.size, "reduce_scatter_sum", "output"));
+}
+void Communicator::broadcast(Span<float> data, int root) {
+  check_root(root, size(), "broadcast");
+  broadcast_impl(operand(*this, data, data.size, "broadcast", "data"), data.size, root);
+}
+
 
 // Test hook (declared by the tests that use it, not in the header): lowers the per-call MPI
 // element limit so the chunked paths run with small buffers. 0 restores the default.

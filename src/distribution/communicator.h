@@ -2,11 +2,18 @@
 // `mpirun` the communicator wraps MPI (OpenMPI); without it, a one-process communicator whose
 // collectives are copies. Every call is blocking. Errors (a peer that died, a size mismatch) throw
 // meshtune::Error; callers exit, and MPI's default error handler ends the other ranks.
+//
+// Collectives take device-tagged spans, as backend ops do: the public functions check that every
+// operand is in the communicator's memory (MPI's: host) and long enough, then call the
+// implementation with raw pointers — so a device communicator (NCCL, on a backend's stream) plugs
+// in by implementing the *_impl functions over device pointers.
 #pragma once
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "core/buffer.h"
 
 namespace meshtune {
 
@@ -15,20 +22,30 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // In-place sum over all members.
-  virtual void all_reduce_sum(float* data, size_t count) = 0;
-  virtual void all_reduce_sum(double* data, size_t count) = 0;
+  virtual Device device() const { return Device::Host; }  // where its operands must be
+
+  // In-place sum over all members (all of `data`).
+  void all_reduce_sum(Span<float> data);
+  void all_reduce_sum(Span<double> data);
   // In-place element-wise maximum over all members.
-  virtual void all_reduce_max(float* data, size_t count) = 0;
-  // out[r·count + i] = member r's in[i]  (out holds size()·count elements).
-  virtual void all_gather(const float* in, size_t count, float* out) = 0;
-  // Sums in[size()·count] over members; member r keeps elements [r·count, (r+1)·count) in out.
-  virtual void reduce_scatter_sum(const float* in, size_t count, float* out) = 0;
-  virtual void broadcast(float* data, size_t count, int root) = 0;
-  virtual void broadcast_bytes(std::string& bytes, int root) = 0;
+  void all_reduce_max(Span<float> data);
+  // out[r·n + i] = member r's in[i], n = in.size (out holds at least size()·n elements).
+  void all_gather(Span<const float> in, Span<float> out);
+  // Sums in[size()·n] over members, n = out.size; member r keeps elements [r·n, (r+1)·n) in out.
+  void reduce_scatter_sum(Span<const float> in, Span<float> out);
+  void broadcast(Span<float> data, int root);
+  virtual void broadcast_bytes(std::string& bytes, int root) = 0;  // host bytes (names, manifests)
   virtual void barrier() = 0;
   // A sub-communicator of the members passing the same `color`, ordered by `key` (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+ protected:
+  virtual void all_reduce_sum_impl(float* data, size_t count) = 0;
+  virtual void all_reduce_sum_impl(double* data, size_t count) = 0;
+  virtual void all_reduce_max_impl(float* data, size_t count) = 0;
+  virtual void all_gather_impl(const float* in, size_t count, float* out) = 0;
+  virtual void reduce_scatter_sum_impl(const float* in, size_t count, float* out) = 0;
+  virtual void broadcast_impl(float* data, size_t count, int root) = 0;
 };
 
 // The process-wide communicator: MPI when launched by mpirun (OMPI_COMM_WORLD_SIZE / PMI_SIZE set),

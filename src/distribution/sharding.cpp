@@ -121,11 +121,11 @@ void gather_full(const float* block, const ShardSpec& s, DeviceMesh& mesh, float
     bool outermost = true;  // members' blocks are then consecutive in the whole variable
     for (int e = 0; e < d; ++e) outermost = outermost && s.full[size_t(e)] == 1;
     if (outermost) {
-      comm.all_gather(block, count, full);
+      comm.all_gather({block, count}, {full, count * size_t(comm.size())});
       return;
     }
     std::vector<float> gathered(count * size_t(comm.size()));
-    comm.all_gather(block, count, gathered.data());
+    comm.all_gather({block, count}, gathered);
     interleave(gathered.data(), s.local, d, comm.size(), full);
     return;
   }
@@ -135,7 +135,7 @@ void gather_full(const float* block, const ShardSpec& s, DeviceMesh& mesh, float
   for (int d : split_dims) {
     Communicator& comm = mesh.axis_comm(s.axis[size_t(d)]);
     std::vector<float> gathered(current.size() * size_t(comm.size())), grown(gathered.size());
-    comm.all_gather(current.data(), current.size(), gathered.data());
+    comm.all_gather(current, gathered);
     interleave(gathered.data(), cur, d, comm.size(), grown.data());
     cur[size_t(d)] *= comm.size();
     current.swap(grown);

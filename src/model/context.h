@@ -11,9 +11,9 @@ namespace meshtune {
 
 // The collectives of tensor parallelism (Megatron's): each process computes a part of the heads,
 // of the FFN width and of the vocabulary, and these put the parts back together. Without a group
-// (one process, or no tensor-parallel plan) each is nothing or a copy. The communicator is MPI's,
-// which works on host memory: a device operand is an Error until a device communicator (NCCL)
-// plugs in here.
+// (one process, or no tensor-parallel plan) each is nothing or a copy. Operands are device-tagged
+// spans, checked by the communicator: MPI's works on host memory, so a device operand is an Error
+// until a device communicator (NCCL) is handed in here.
 class TensorParallelGroup {
  public:
   TensorParallelGroup() = default;

@@ -73,7 +73,7 @@ void combine_row_maxima(const VariableSpec& spec, const ShardSpec& block, Device
   for (int d : column_dims)
     if (const int axis = block.axis[size_t(d)]; axis >= 0 && std::find(axes.begin(), axes.end(), axis) == axes.end())
       axes.push_back(axis);
-  for (int axis : axes) mesh.axis_comm(axis).all_reduce_max(row_max, size_t(block_rows(spec, block)));
+  for (int axis : axes) mesh.axis_comm(axis).all_reduce_max({row_max, size_t(block_rows(spec, block))});
 }
 
 std::vector<float> read_block(const GemmaModel& m, const VariableSpec& spec, const ShardSpec& s) {

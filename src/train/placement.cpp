@@ -85,7 +85,7 @@ Trainer::Trainer(Backend& backend, MatmulPrecision precision, GemmaModel base, s
         const double holders = double(mesh.size()) * double(t.held().local_size()) / double(t.held().full_size());
         squared_norms[i] /= holders;
       }
-      mesh.comm().all_reduce_sum(squared_norms.data(), squared_norms.size());
+      mesh.comm().all_reduce_sum(squared_norms);
     };
 }
 
@@ -217,21 +217,21 @@ void Trainer::finish_gradients(LossSums& sums) {
   std::vector<int> scatter_dim(trainables_.size(), -1);
   if (batch) {
     double s[3] = {sums.weighted_ce, sums.weighted_correct, sums.weight};
-    batch->all_reduce_sum(s, 3);
+    batch->all_reduce_sum({s, 3});
     sums = {s[0], s[1], s[2]};
-    std::vector<std::pair<float*, size_t>> grads;
+    std::vector<Floats> grads;
     for (size_t i = 0; i < trainables_.size(); ++i) {
       Trainable& t = trainables_[i];
       scatter_dim[i] = t.separate() ? only_split_by(t.region, t.shard, axis) : -1;
-      if (scatter_dim[i] < 0) grads.push_back({t.grad.data, t.size});
+      if (scatter_dim[i] < 0) grads.push_back(t.grad.part(0, t.size));
     }
     all_reduce_sum_bucketed(*batch, grads);
   }
   Communicator* tensor_parallel = plan_.active() ? &dist_.mesh->axis_comm(plan_.axis) : nullptr;
   if (tensor_parallel) {  // partial gradients of parts this process holds whole: one bucketed sum
-    std::vector<std::pair<float*, size_t>> partial;
+    std::vector<Floats> partial;
     for (Trainable& t : trainables_)
-      if (t.partial && contains(t.region, t.shard)) partial.push_back({t.grad.data, t.size});
+      if (t.partial && contains(t.region, t.shard)) partial.push_back(t.grad.part(0, t.size));
     all_reduce_sum_bucketed(*tensor_parallel, partial);
   }
   for (size_t i = 0; i < trainables_.size(); ++i) {
@@ -241,7 +241,7 @@ void Trainer::finish_gradients(LossSums& sums) {
       // process uses its heads): assemble the whole gradient from every process' part.
       std::vector<float> whole(static_cast<size_t>(t.shard.full_size()), 0.f);
       place_block(t.grad.data, t.region, whole.data());
-      tensor_parallel->all_reduce_sum(whole.data(), whole.size());
+      tensor_parallel->all_reduce_sum(whole);
       t.block_grad = take_block(whole.data(), t.shard);
     } else if (scatter_dim[i] >= 0) {
       // Every member's block, in member order, then one reduce-scatter.
@@ -254,7 +254,7 @@ void Trainer::finish_gradients(LossSums& sums) {
         std::copy(b.begin(), b.end(), blocks.begin() + long(count * size_t(m)));
       }
       t.block_grad.resize(count);
-      batch->reduce_scatter_sum(blocks.data(), count, t.block_grad.data());
+      batch->reduce_scatter_sum(blocks, t.block_grad);
     } else if (t.separate()) {
       t.block_grad = take_block(t.grad.data, relative(t.shard, t.region));
     }

@@ -64,7 +64,7 @@ const Parameter* Trainer::first_not_finite(bool values) const {
     }
   }
   double bad_anywhere = bad ? 1 : 0;
-  if (dist_.mesh && dist_.mesh->size() > 1) dist_.mesh->comm().all_reduce_sum(&bad_anywhere, 1);
+  if (dist_.mesh && dist_.mesh->size() > 1) dist_.mesh->comm().all_reduce_sum({&bad_anywhere, 1});
   static const Parameter elsewhere{"a variable held by another process", "", {}, {}, {}, 0};
   return bad ? bad : bad_anywhere > 0 ? &elsewhere : nullptr;
 }
@@ -154,7 +154,7 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::vector<TrainingLog
       bool stop = stop_requested && stop_requested->load();
       if (dist_.mesh && dist_.mesh->size() > 1) {  // every process stops at the same step
         double any = stop ? 1 : 0;
-        dist_.mesh->comm().all_reduce_sum(&any, 1);
+        dist_.mesh->comm().all_reduce_sum({&any, 1});
         stop = any > 0;
       }
       if (!options_.checkpoint_path.empty() &&
