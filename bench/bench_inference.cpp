@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
     double first_prefill_s = 0;
     // Run 0 is a warm-up (it faults the mapped weights into this process) and is reported apart.
     for (int run = 0; run <= o.repeat; ++run) {
-      KVCache cache(c, 1, T + o.decode);
+      KVCache cache(c, 1, T + o.decode, ctx.backend);
       ForwardWorkspace ws;  // reused by every step, as generate reuses its own
       t0 = Clock::now();
       const FloatBuffer& prefilled = backbone_forward(ctx, model, prompt.data(), 1, T, 0, cache, ws);

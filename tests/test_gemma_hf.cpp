@@ -26,7 +26,7 @@ std::vector<float> read_f32_file(const std::string& path) {
 
 std::vector<float> score(const GemmaModel& model, const std::vector<int32_t>& ids) {
   const int64_t T = int64_t(ids.size());
-  KVCache cache(model.config, 1, T);
+  KVCache cache(model.config, 1, T, meshtune::testing::cpu_backend());
   const FloatBuffer hidden = backbone_forward(meshtune::testing::cpu_context(), model, ids.data(), 1, T, 0, cache);
   std::vector<float> logits(size_t(T * model.config.vocab_size));
   lm_head(meshtune::testing::cpu_context(), model, hidden, T, logits);

@@ -37,8 +37,8 @@ TEST_P(KerasFixtureOnEveryPath, EveryRecordedArrayWithin1e4) {
   const int64_t B = ids_t.shape[0], T = ids_t.shape[1], D = model.config.hidden_dim, V = model.config.vocab_size;
   std::vector<int32_t> ids = npy_ints(out + "token_ids.npy"), mask = npy_ints(out + "padding_mask.npy");
 
-  KVCache cache(model.config, B, T);
-  for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = uint8_t(mask[i]);
+  KVCache cache(model.config, B, T, ctx.backend);
+  cache.set_key_valid(ctx.backend, std::vector<uint8_t>(mask.begin(), mask.end()));
   ForwardTrace trace;
   const std::vector<float> hidden =
       meshtune::testing::to_host(backbone_forward(ctx, model, ids.data(), B, T, 0, cache, &trace));

@@ -18,7 +18,7 @@ std::vector<int32_t> greedy_by_recomputation(const GemmaModel& model, std::vecto
   const int V = model.config.vocab_size;
   while (int(ids.size()) < max_length) {
     const int64_t T = int64_t(ids.size());
-    KVCache cache(model.config, 1, T);
+    KVCache cache(model.config, 1, T, meshtune::testing::cpu_backend());
     const FloatBuffer hidden = backbone_forward(meshtune::testing::cpu_context(), model, ids.data(), 1, T, 0, cache);
     std::vector<float> logits(static_cast<size_t>(V));
     const size_t D = size_t(model.config.hidden_dim);

@@ -47,8 +47,8 @@ Outputs run_forward(const GemmaModel& model) {
   std::vector<int32_t> ids = npy_ints(in + "token_ids.npy");
   Outputs out;
   out.mask = npy_ints(in + "padding_mask.npy");
-  KVCache cache(model.config, B, T);
-  for (size_t i = 0; i < out.mask.size(); ++i) cache.key_valid[i] = uint8_t(out.mask[i]);
+  KVCache cache(model.config, B, T, meshtune::testing::cpu_backend());
+  cache.set_key_valid(meshtune::testing::cpu_backend(), std::vector<uint8_t>(out.mask.begin(), out.mask.end()));
   out.hidden = meshtune::testing::to_host(backbone_forward(meshtune::testing::cpu_context(), model, ids.data(), B, T, 0, cache));
   out.logits.resize(size_t(B * T * V));
   lm_head(meshtune::testing::cpu_context(), model, out.hidden, B * T, out.logits);

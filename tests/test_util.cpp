@@ -98,8 +98,8 @@ std::vector<float> fixture_logits(const GemmaModel& model, MatmulPrecision preci
   const HostTensor ids_t = read_npy(in + "token_ids.npy");
   const int64_t B = ids_t.shape[0], T = ids_t.shape[1];
   const std::vector<int32_t> ids = npy_ints(in + "token_ids.npy"), mask = npy_ints(in + "padding_mask.npy");
-  KVCache cache(model.config, B, T);
-  for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = uint8_t(mask[i]);
+  KVCache cache(model.config, B, T, cpu_backend());
+  cache.set_key_valid(cpu_backend(), std::vector<uint8_t>(mask.begin(), mask.end()));
   const FloatBuffer hidden = backbone_forward(cpu_context(precision), model, ids.data(), B, T, 0, cache);
   std::vector<float> logits(size_t(B * T * model.config.vocab_size));
   lm_head(cpu_context(precision), model, hidden, B * T, logits);

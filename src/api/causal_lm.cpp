@@ -320,7 +320,11 @@ void GemmaCausalLM::logits(const std::vector<int32_t>& ids, const std::vector<in
   const Context ctx = context();
   Backend& b = ctx.backend;
   KVCache cache(m.config, B, T, b);
-  for (size_t i = 0; i < mask.size(); ++i) cache.key_valid[i] = mask[i] != 0;
+  if (!mask.empty()) {  // else every position is a real token
+    std::vector<uint8_t> key_valid(mask.size());
+    for (size_t i = 0; i < mask.size(); ++i) key_valid[i] = mask[i] != 0;
+    cache.set_key_valid(b, key_valid);
+  }
   const FloatBuffer h = backbone_forward(ctx, m, ids.data(), B, T, 0, cache);
   if (logits) {  // into the caller's host buffer: directly where the backend computes in host memory
     const Floats host(logits, size_t(B * T * m.config.vocab_size));

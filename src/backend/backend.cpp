@@ -46,16 +46,33 @@ void* Backend::allocate(size_t bytes) {
 
 void Backend::release(void* p) { release_impl(p); }
 
+template <class E>
+static void check_upload(const Backend& backend, Span<const E> host, Span<E> device_values) {
+  check(host.device == Device::Host, backend.name(), " backend: upload's source is not host memory");
+  need(backend, device_values, int64_t(host.size), "upload", "destination");
+}
+
 void Backend::upload(Span<const float> host, Floats device_values) {
-  check(host.device == Device::Host, name(), " backend: upload's source is not host memory");
-  need(*this, device_values, int64_t(host.size), "upload", "destination");
+  check_upload(*this, host, device_values);
+  upload_impl(host.data, host.size * sizeof(float), device_values.data);
+}
+void Backend::upload(Span<const int32_t> host, Span<int32_t> device_values) {
+  check_upload(*this, host, device_values);
+  upload_impl(host.data, host.size * sizeof(int32_t), device_values.data);
+}
+void Backend::upload(Span<const int64_t> host, Span<int64_t> device_values) {
+  check_upload(*this, host, device_values);
+  upload_impl(host.data, host.size * sizeof(int64_t), device_values.data);
+}
+void Backend::upload(Span<const uint8_t> host, Span<uint8_t> device_values) {
+  check_upload(*this, host, device_values);
   upload_impl(host.data, host.size, device_values.data);
 }
 
 void Backend::download(ConstFloats device_values, Span<float> host) {
   check(host.device == Device::Host, name(), " backend: download's destination is not host memory");
   need(*this, device_values, int64_t(host.size), "download", "source");
-  download_impl(device_values.data, host.size, host.data);
+  download_impl(device_values.data, host.size * sizeof(float), host.data);
 }
 
 void Backend::linear(ConstFloats x, int64_t M, const WeightMatrix& W, Floats y, MatmulPrecision precision,

@@ -37,8 +37,12 @@ class Backend : public Allocator {
   // A buffer of `count` elements on this backend (values undefined; reused if big enough).
   template <class E>
   void resize(Buffer<E>& buffer, size_t count) { buffer.resize(count, *this); }
-  // The named host crossings: the batch in, metrics and sampled logits out.
+  // The named host crossings: the batch in (ids, positions, masks, targets), metrics and sampled
+  // logits out, adapters in and out. The whole host span is copied.
   void upload(Span<const float> host, Floats device);
+  void upload(Span<const int32_t> host, Span<int32_t> device);
+  void upload(Span<const int64_t> host, Span<int64_t> device);
+  void upload(Span<const uint8_t> host, Span<uint8_t> device);
   void download(ConstFloats device, Span<float> host);
   virtual void synchronize() {}
 
@@ -123,8 +127,8 @@ class Backend : public Allocator {
  protected:
   virtual void* allocate_impl(size_t bytes) = 0;
   virtual void release_impl(void* p) = 0;
-  virtual void upload_impl(const float* host, size_t n, float* device) = 0;
-  virtual void download_impl(const float* device, size_t n, float* host) = 0;
+  virtual void upload_impl(const void* host, size_t bytes, void* device) = 0;
+  virtual void download_impl(const void* device, size_t bytes, void* host) = 0;
 
   virtual void linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
                            const float* x_row_max) = 0;

@@ -1,6 +1,7 @@
 #include "backend/cpu_backend.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "backend/cpu/activation.h"
@@ -42,8 +43,12 @@ std::string CpuBackend::name() const { return std::string("cpu (") + cpu_path_na
 
 void* CpuBackend::allocate_impl(size_t bytes) { return allocate_host(bytes); }
 void CpuBackend::release_impl(void* p) { free_host(p); }
-void CpuBackend::upload_impl(const float* host, size_t n, float* device) { copy_values(host, int64_t(n), device); }
-void CpuBackend::download_impl(const float* device, size_t n, float* host) { copy_values(device, int64_t(n), host); }
+void CpuBackend::upload_impl(const void* host, size_t bytes, void* device) {
+  if (bytes > 0) std::memcpy(device, host, bytes);
+}
+void CpuBackend::download_impl(const void* device, size_t bytes, void* host) {
+  if (bytes > 0) std::memcpy(host, device, bytes);
+}
 
 void CpuBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
                              const float* x_row_max) {

@@ -35,8 +35,8 @@ class CpuBackend final : public Backend {
  protected:
   void* allocate_impl(size_t bytes) override;
   void release_impl(void* p) override;
-  void upload_impl(const float* host, size_t n, float* device) override;
-  void download_impl(const float* device, size_t n, float* host) override;
+  void upload_impl(const void* host, size_t bytes, void* device) override;
+  void download_impl(const void* device, size_t bytes, void* host) override;
 
   void linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
                    const float* x_row_max) override;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/weight_matrix.h"
@@ -10,9 +11,11 @@ namespace meshtune {
 
 void* ReferenceBackend::allocate_impl(size_t bytes) { return allocate_host(bytes); }
 void ReferenceBackend::release_impl(void* p) { free_host(p); }
-void ReferenceBackend::upload_impl(const float* host, size_t n, float* device) { std::copy(host, host + n, device); }
-void ReferenceBackend::download_impl(const float* device, size_t n, float* host) {
-  std::copy(device, device + n, host);
+void ReferenceBackend::upload_impl(const void* host, size_t bytes, void* device) {
+  if (bytes > 0) std::memcpy(device, host, bytes);
+}
+void ReferenceBackend::download_impl(const void* device, size_t bytes, void* host) {
+  if (bytes > 0) std::memcpy(host, device, bytes);
 }
 
 // ---- matrices ----

@@ -80,7 +80,7 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
   FloatBuffer &dq = sized(ws.dq, M * N * H), &dk = sized(ws.dk, M * K * H), &dv = sized(ws.dv, M * K * H);
   b.attention_backward(a.q, a.k, a.v, key_valid, attention_shape(c, layer, B, T, 0, T), d_attended, dq, dk, dv);
   b.scale(dq, M * N * H, c.query_scale());
-  const std::vector<int64_t> positions = token_positions(B, T, 0);
+  const Span<const int64_t> positions = ws.forward.positions;  // the forward pass' (start 0)
   b.rope_backward(dq, M, N, H, positions, c.rope_base(layer), c.rope_scaling(layer));
   b.rope_backward(dk, M, K, H, positions, c.rope_base(layer), c.rope_scaling(layer));
   if (c.use_query_key_norm) {
@@ -133,7 +133,7 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
 
   KVCache& cache = ws.cache;
   cache.resize(c, B, T, b);
-  std::copy(batch.padding_mask, batch.padding_mask + M, cache.key_valid.begin());
+  cache.set_key_valid(b, Span<const uint8_t>(batch.padding_mask, size_t(M)));
   // Under mixed_bfloat16 the blocks' activations are kept in bf16 (half the memory), as Keras keeps
   // them in its compute dtype.
   SavedBlocks& saved = ws.blocks;
@@ -188,12 +188,12 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
   FloatBuffer& dx = d_hidden;
   b.rmsnorm_backward(ws.final_norm_input, model.final_norm, M, D, c.layer_norm_epsilon, dx, dx,
                      gradient(grads->final_norm, D));
-  const Span<const uint8_t> key_valid(batch.padding_mask, size_t(M));
+  const Span<const uint8_t> key_valid = cache.key_valid;  // the batch's padding mask, on the backend
   for (int layer = c.num_layers - 1; layer >= 0; --layer)
     decoder_block_backward(ctx, model, model.layer_weights(layer), layer, saved.backward_set(layer), B, T, key_valid,
                            grads->layers[size_t(layer)], dx, ws);
   if (grads->embeddings)  // x = Emb[ids]·√D
-    b.embedding_lookup_backward(dx, Span<const int32_t>(batch.token_ids, size_t(M)), M, D, model.vocab_offset,
+    b.embedding_lookup_backward(dx, ws.forward.ids, M, D, model.vocab_offset,
                                 model.embeddings.rows, float(std::sqrt(double(D))), gradient(grads->embeddings, part * D));
   return totals;
 }

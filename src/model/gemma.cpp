@@ -98,26 +98,28 @@ std::vector<float>* GemmaModel::vector(Slot slot, int layer) {
   return layer >= 0 ? layers[size_t(layer)].vector(slot) : nullptr;
 }
 
-void KVCache::resize(const GemmaConfig& c, int64_t b, int64_t s, Allocator& memory) {
+void KVCache::resize(const GemmaConfig& c, int64_t b, int64_t s, Backend& backend) {
   batch = b;
   capacity = s;
   const size_t per_layer = size_t(b) * size_t(s) * size_t(c.num_key_value_heads) * size_t(c.head_dim);
   keys.resize(size_t(c.num_layers));
   values.resize(size_t(c.num_layers));
   for (int layer = 0; layer < c.num_layers; ++layer) {
-    keys[size_t(layer)].resize(per_layer, memory);
-    values[size_t(layer)].resize(per_layer, memory);
+    backend.resize(keys[size_t(layer)], per_layer);
+    backend.resize(values[size_t(layer)], per_layer);
   }
-  key_valid.resize(size_t(b) * size_t(s));
+  backend.resize(key_valid, size_t(b) * size_t(s));
 }
 
-KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s, Allocator& memory) : batch(b), capacity(s) {
-  const size_t per_layer = size_t(b) * size_t(s) * size_t(c.num_key_value_heads) * size_t(c.head_dim);
-  for (int layer = 0; layer < c.num_layers; ++layer) {
-    keys.emplace_back(per_layer, memory);
-    values.emplace_back(per_layer, memory);
-  }
-  key_valid.assign(size_t(b) * size_t(s), 1);
+KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s, Backend& backend) {
+  resize(c, b, s, backend);
+  set_key_valid(backend, std::vector<uint8_t>(size_t(b) * size_t(s), 1));
+}
+
+void KVCache::set_key_valid(Backend& backend, Span<const uint8_t> host) {
+  check(host.size == size_t(batch) * size_t(capacity), "KV cache: ", host.size, " key flags for a cache of ", batch,
+        " × ", capacity);
+  backend.upload(host, key_valid);
 }
 
 AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64_t T, int64_t start, int64_t S) {
@@ -137,8 +139,8 @@ AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64
 // One decoder block, in place on the residual stream x [M = B·T, D]; `a` receives the block's
 // intermediate values (the caller keeps them for backward, or drops them).
 static void decoder_block(const Context& ctx, const GemmaModel& model, const DecoderLayerWeights& w, int layer,
-                          FloatBuffer& x, int64_t B, int64_t T, int64_t start, KVCache& cache, BlockActivations& a,
-                          BlockScratch& s) {
+                          FloatBuffer& x, Span<const int64_t> positions, int64_t B, int64_t T, int64_t start,
+                          KVCache& cache, BlockActivations& a, BlockScratch& s) {
   Backend& b = ctx.backend;
   const GemmaConfig& c = model.config;
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
@@ -167,7 +169,6 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
     b.rmsnorm(a.q_raw, w.query_norm, M * N, H, eps, a.q);
     b.rmsnorm(a.k_raw, w.key_norm, M * K, H, eps, a.k);
   }
-  const std::vector<int64_t> positions = token_positions(B, T, start);
   b.rope(a.q, M, N, H, positions, c.rope_base(layer), c.rope_scaling(layer));
   b.rope(a.k, M, K, H, positions, c.rope_base(layer), c.rope_scaling(layer));
   b.scale(a.q, M * N * H, c.query_scale());
@@ -271,13 +272,18 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
         " positions needed, ", cache.batch, " × ", cache.capacity, " allocated");
   if (const int64_t m = first_id_outside(tokens, M, c.vocab_size); m >= 0)
     fail("token id ", tokens[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ", c.vocab_size, ")");
+  // The pass' ids and positions cross to the backend once.
+  b.resize(ws.ids, size_t(M));
+  b.upload(Span<const int32_t>(tokens, size_t(M)), ws.ids);
+  b.resize(ws.positions, size_t(M));
+  b.upload(token_positions(B, T, start), ws.positions);
   FloatBuffer& x = ws.x;  // the residual stream
   b.resize(x, size_t(M * D));
   auto copy_out = [&](std::vector<float>& host) {  // a host crossing, for the trace
     host.resize(size_t(M * D));
     b.download(x, host);
   };
-  b.embedding_lookup(model.embeddings, model.vocab_offset, Span<const int32_t>(tokens, size_t(M)), M, x);
+  b.embedding_lookup(model.embeddings, model.vocab_offset, ws.ids, M, x);
   // Vocabulary split: each row came from one process, the others hold zeros there.
   if (model.vocab_parallel()) ctx.tensor_parallel.sum_partials(x);
   if (trace) copy_out(trace->embedding_lookup);
@@ -287,7 +293,7 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     BlockActivations& a = saved ? saved->forward_set(layer) : ws.unsaved;
-    decoder_block(ctx, model, model.layer_weights(layer), layer, x, B, T, start, cache, a, ws.scratch);
+    decoder_block(ctx, model, model.layer_weights(layer), layer, x, ws.positions, B, T, start, cache, a, ws.scratch);
     if (saved) saved->keep(layer);
     if (trace) copy_out(trace->block_outputs.emplace_back());
   }

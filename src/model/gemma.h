@@ -82,14 +82,16 @@ void project(const Context& ctx, const GemmaModel& model, int layer, Slot slot, 
 // are real tokens (key_valid = 0 marks padding keys, which no query may attend to).
 struct KVCache {
   int64_t batch = 0, capacity = 0;
-  std::vector<FloatBuffer> keys, values;  // per layer: [B, S, K, H], in `memory`
-  std::vector<uint8_t> key_valid;         // [B, S], set by the caller (host: the batch's mask)
+  std::vector<FloatBuffer> keys, values;  // per layer: [B, S, K, H], in the backend's memory
+  Buffer<uint8_t> key_valid;              // [B, S], in the backend's memory
   KVCache() = default;
-  // Zeros (host memory), or undefined values elsewhere.
-  KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity, Allocator& memory = host_memory());
-  // Room for `batch` rows of `capacity` positions, reusing the memory a larger cache had; the values
-  // are undefined (a training pass writes every slot before reading it).
-  void resize(const GemmaConfig& config, int64_t batch, int64_t capacity, Allocator& memory);
+  // Room for `batch` rows of `capacity` positions in `backend`'s memory, every key slot valid.
+  KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity, Backend& backend);
+  // The same, reusing the memory a larger cache had; the keys, values and key_valid are undefined
+  // (a training pass writes every slot before reading it, and sets key_valid).
+  void resize(const GemmaConfig& config, int64_t batch, int64_t capacity, Backend& backend);
+  // key_valid from the host: [batch, capacity] values, 0 for padding.
+  void set_key_valid(Backend& backend, Span<const uint8_t> host);
 };
 
 // The attention geometry of `layer` for queries at start … start+T−1 over S cached keys.
@@ -154,6 +156,8 @@ class SavedBlocks {
 // The buffers a forward pass computes in, kept from pass to pass (decode steps, training steps) so
 // that a pass of a shape seen before allocates nothing.
 struct ForwardWorkspace {
+  Buffer<int32_t> ids;       // the pass' token ids [M], on the backend
+  Buffer<int64_t> positions; // their positions [M]
   FloatBuffer x;             // the residual stream [M, D]
   FloatBuffer hidden;        // after the final norm [M, D]: what backbone_forward returns
   BlockActivations unsaved;  // a block's values when they are not kept for backward
