@@ -16,7 +16,11 @@ void row_abs_max(const float* x, int64_t rows, int64_t cols, float* out) {
 
 // Rows of x at or below which our kernel (W streamed once at memory bandwidth) beats oneDNN.
 static constexpr int64_t kFewRows = 4;
-bool int8_uses_onednn(const KernelPath& path, int64_t M) { return path.onednn_int8 && M > kFewRows; }
+// Whether oneDNN's sums are exact here is checked at the first product that would use it (so a run
+// without int8 products never starts oneDNN).
+bool int8_uses_onednn(const KernelPath& path, int64_t M) {
+  return path.onednn_int8 && M > kFewRows && cpu::onednn_int8_exact();
+}
 
 void linear_int8(const KernelPath& path, const float* x, int64_t M, const WeightMatrix& W, float* y, const float* x_row_max) {
   check_int8_columns(W.cols, "linear_int8");

@@ -12,7 +12,7 @@ struct KernelPath {
   CpuPath isa = CpuPath::Generic;
   const cpu::VectorOps* vector = &cpu::vector_ops_generic();  // the elementwise loops of `isa`
   bool onednn_bf16 = false;  // more than 4 rows at bf16 precision: oneDNN's bf16 matmul
-  bool onednn_int8 = false;  // more than 4 rows with int8 weights: oneDNN's s8 matmul
+  bool onednn_int8 = false;  // more than 4 rows with int8 weights: oneDNN's s8 matmul (where exact)
 
   const cpu::VectorOps& ops() const { return *vector; }
 };

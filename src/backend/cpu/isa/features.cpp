@@ -130,7 +130,7 @@ KernelPath make_kernel_path(CpuPath isa, int onednn_bf16, bool onednn_int8) {
                                         : &cpu::vector_ops_avx512();
   const bool want_bf16 = onednn_bf16 < 0 ? cpu_features().amx_bf16 : onednn_bf16 == 1;
   path.onednn_bf16 = want_bf16 && isa == CpuPath::Avx512Bf16 && cpu::onednn_available();
-  path.onednn_int8 = onednn_int8 && cpu::onednn_available() && cpu::onednn_int8_exact();
+  path.onednn_int8 = onednn_int8 && cpu::onednn_available();  // and exact: checked at first use (int8.cpp)
   return path;
 }
 
@@ -168,7 +168,7 @@ std::vector<std::string> kernel_report(const KernelPath& kernels, bool forced) {
       "decode matrix-vector (fp32 and bf16 weights): " + vector_path,
       "bf16 widening for the sgemm path: " + vector_path,
       "int8 matrix products (Keras int8): " + std::string(path == CpuPath::Avx512Bf16 ? "avx512 vnni (vpdpwssd)" : vector_path) +
-          " for decode; " + (kernels.onednn_int8 ? "oneDNN " + std::string(cpu::onednn_version()) + " (its own ISA choice)"
+          " for decode; " + (kernels.onednn_int8 && cpu::onednn_int8_exact() ? "oneDNN " + std::string(cpu::onednn_version()) + " (its own ISA choice)"
                                                       : !cpu::onednn_available() ? std::string("the same kernel (no oneDNN in this build)")
                                                       : !cpu::onednn_int8_exact() ? std::string("the same kernel (oneDNN's int8 sums are not exact on this CPU: no VNNI)")
                                                                                   : std::string("the same kernel (oneDNN's int8 turned off)")) +
