@@ -37,6 +37,11 @@ class Backend : public Allocator {
   // A buffer of `count` elements on this backend (values undefined; reused if big enough).
   template <class E>
   void resize(Buffer<E>& buffer, size_t count) { buffer.resize(count, *this); }
+  // The same, all zeros (gradients and optimizer slots before they accumulate).
+  void resize_zeroed(FloatBuffer& buffer, size_t count) {
+    resize(buffer, count);
+    zero(buffer, int64_t(count));
+  }
   // The named host crossings: the batch in (ids, positions, masks, targets), metrics and sampled
   // logits out, adapters in and out. The whole host span is copied.
   void upload(Span<const float> host, Floats device);

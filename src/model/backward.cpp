@@ -151,8 +151,7 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
   // Rows with zero weight get no gradient: d_hidden starts at zero, the chunks scatter into it.
   FloatBuffer& d_hidden = ws.d_hidden;
   if (grads) {
-    b.resize(d_hidden, size_t(M * D));
-    b.zero(d_hidden, M * D);
+    b.resize_zeroed(d_hidden, size_t(M * D));
   }
   FloatBuffer &h_chunk = ws.h_chunk, &d_h_chunk = ws.d_h_chunk, &logits = ws.logits;  // overwritten chunk by chunk
   b.resize(h_chunk, size_t(chunk * D));

@@ -240,11 +240,8 @@ LoraTensors::LoraTensors(Backend& backend, const LoraWeights& lora) {
       backend.resize(value, host->size());
       backend.upload(*host, value);
     }
-    for (auto [grads, n] : {std::pair{&grad_a, ad.a.size()}, std::pair{&grad_b, ad.b.size()}}) {
-      FloatBuffer& grad = grads->emplace_back();
-      backend.resize(grad, n);
-      backend.zero(grad, int64_t(n));
-    }
+    for (auto [grads, n] : {std::pair{&grad_a, ad.a.size()}, std::pair{&grad_b, ad.b.size()}})
+      backend.resize_zeroed(grads->emplace_back(), n);
   }
 }
 

@@ -43,11 +43,7 @@ AdamW::AdamW(Backend& backend, const AdamWOptions& options, const std::vector<Pa
   momentums.reserve(params.size());
   velocities.reserve(params.size());
   for (const auto& p : params)
-    for (auto* slots : {&momentums, &velocities}) {
-      FloatBuffer& slot = slots->emplace_back();
-      backend.resize(slot, p.size);
-      backend.zero(slot, int64_t(p.size));
-    }
+    for (auto* slots : {&momentums, &velocities}) backend.resize_zeroed(slots->emplace_back(), p.size);
 }
 
 bool AdamW::decays(const Parameter& p) const {

@@ -30,8 +30,7 @@ static SlotRef slot_ref(GemmaModel& m, ModelGradients& g, const VariableSpec& sp
 
 Floats Trainer::gradient_storage(size_t i, size_t size, float** backward_hook) {
   FloatBuffer& grad = grad_storage_[i];
-  backend_->resize(grad, size);
-  backend_->zero(grad, int64_t(size));
+  backend_->resize_zeroed(grad, size);
   *backward_hook = grad.data();
   return grad;
 }
