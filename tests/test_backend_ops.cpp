@@ -276,16 +276,22 @@ std::vector<OpCase> activation_cases() {
 std::vector<OpCase> cross_entropy_cases() {
   std::vector<OpCase> cases;
   for (float cap : {0.f, 5.f}) {
-    const int64_t n = 4, cols = 23;  // 4 of a batch's 6 rows
-    const std::vector<int64_t> rows = {0, 2, 3, 5};
-    const std::vector<int32_t> targets = {1, 0, 22, 7, 3, 11};
-    const Values weights = {1.f, 0.f, 0.5f, 2.f, 0.f, 1.f};
+    const int64_t n = 4, cols = 23;  // 4 rows of a chunk, with their targets and weights
+    const std::vector<int32_t> targets = {1, 22, 7, 11};
+    const Values weights = {1.f, 0.5f, 2.f, 1.f};
     auto loss = [=](Backend& b, const Values& z, SoftmaxRows& stats) {
       b.softmax_row_max(z, n, cols, 0, stats);
-      b.softmax_row_sums(z, n, cols, 0, targets.data(), rows.data(), stats);
-      double sums[3] = {0, 0, 0};
-      softmax_cross_entropy_sums(stats, targets.data(), weights.data(), rows.data(), n, sums);
-      return Values{float(sums[0]), float(sums[1]), float(sums[2])};  // Σ w·CE, Σ w·correct, Σ w
+      b.softmax_row_sums(z, n, cols, 0, targets, stats);
+      std::vector<double> sums = {0.25, 0, 0};  // the sums add to what is there
+      b.softmax_cross_entropy_sums(stats, targets, weights, n, sums);
+      return Values{float(sums[0] - 0.25), float(sums[1]), float(sums[2])};  // Σ w·CE, Σ w·correct, Σ w
+    };
+    // The combining step of a split vocabulary: two parts' maxima, the later one larger in some rows
+    // and tied in one (the first part wins a tie).
+    auto combined = [=](Backend& b, SoftmaxRows& stats) {
+      const Values gathered = {3, 1, 2, 5, /*argmax*/ 0, 1, 2, 3, /*part 2*/ 4, 1, 1, 9, /*argmax*/ 10, 11, 12, 13};
+      b.softmax_combine_max(gathered, 2, n, stats);
+      return Values(stats.max_and_argmax.data(), stats.max_and_argmax.data() + 2 * n);
     };
     OpCase c;
     c.name = std::string("softmax_cross_entropy") + (cap > 0 ? "_capped" : "");
@@ -298,14 +304,15 @@ std::vector<OpCase> cross_entropy_cases() {
     c.forward = [=](Backend& b, Inputs& in) {
       SoftmaxRows stats;
       const Values sums = loss(b, in[0], stats);
+      const Values max_and_argmax(stats.max_and_argmax.data(), stats.max_and_argmax.data() + 2 * n);
       // The loss first (what finite differences look at); accuracy and weight are steps, not smooth.
-      return Inputs{{sums[0]}, {sums[1], sums[2]}, stats.max, stats.argmax};
+      return Inputs{{sums[0]}, {sums[1], sums[2]}, max_and_argmax, combined(b, stats)};
     };
     c.backward = [=](Backend& b, Inputs& in, const Values& dy) {
       SoftmaxRows stats;
       loss(b, in[0], stats);
       Values dz = in[0];
-      b.softmax_cross_entropy_backward(dz, n, cols, 0, targets.data(), weights.data(), rows.data(), dy[0], stats, cap);
+      b.softmax_cross_entropy_backward(dz, n, cols, 0, targets, weights, dy[0], stats, cap);
       if (cap > 0)  // the gradient before the cap, turned into the one of the capped logits for FD
         for (size_t i = 0; i < dz.size(); ++i) dz[i] /= 1.f - (in[0][i] / cap) * (in[0][i] / cap);
       return Inputs{dz};

@@ -70,7 +70,7 @@ HostTensor stored(const GemmaModel& model, const VariableSpec& spec) {
     t.data = static_cast<const std::byte*>(w->data);
     return t;
   }
-  const std::vector<float>& v = *model.vector(spec.slot, spec.layer);
+  const WeightVector& v = *model.vector(spec.slot, spec.layer);
   HostTensor t;
   t.shape = {int64_t(v.size())};
   t.data = reinterpret_cast<const std::byte*>(v.data());

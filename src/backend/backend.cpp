@@ -69,10 +69,56 @@ void Backend::upload(Span<const uint8_t> host, Span<uint8_t> device_values) {
   upload_impl(host.data, host.size, device_values.data);
 }
 
+void Backend::upload(Span<const double> host, Span<double> device_values) {
+  check_upload(*this, host, device_values);
+  upload_impl(host.data, host.size * sizeof(double), device_values.data);
+}
+
+template <class E>
+static void check_download(const Backend& backend, Span<const E> device_values, Span<E> host) {
+  check(host.device == Device::Host, backend.name(), " backend: download's destination is not host memory");
+  need(backend, device_values, int64_t(host.size), "download", "source");
+}
+
 void Backend::download(ConstFloats device_values, Span<float> host) {
-  check(host.device == Device::Host, name(), " backend: download's destination is not host memory");
-  need(*this, device_values, int64_t(host.size), "download", "source");
+  check_download(*this, device_values, host);
   download_impl(device_values.data, host.size * sizeof(float), host.data);
+}
+void Backend::download(Span<const double> device_values, Span<double> host) {
+  check_download(*this, device_values, host);
+  download_impl(device_values.data, host.size * sizeof(double), host.data);
+}
+
+WeightMatrix Backend::upload(const WeightMatrix& W) {
+  if (W.device == device() || W.data == nullptr) return W;
+  check(W.device == Device::Host, name(), " backend: a weight matrix in ", device_name(W.device), " memory is uploaded");
+  struct Stored {
+    Buffer<uint8_t> values;
+    FloatBuffer scales;  // I8
+  };
+  auto stored = std::make_shared<Stored>();
+  const size_t bytes = size_t(W.rows) * size_t(W.cols) * dtype_size(W.dtype);
+  resize(stored->values, bytes);
+  upload(Span<const uint8_t>(static_cast<const uint8_t*>(W.data), bytes), stored->values);
+  WeightMatrix out = W;
+  if (W.dtype == DType::I8) {
+    resize(stored->scales, size_t(W.rows));
+    upload(Span<const float>(W.scales, size_t(W.rows)), stored->scales);
+    out.scales = stored->scales.data();
+  }
+  out.data = stored->values.data();
+  out.owner = stored;
+  out.mapped = false;
+  out.device = device();
+  return out;
+}
+
+WeightVector Backend::upload(const WeightVector& v) {
+  if (v.device() == device() || v.empty()) return v;
+  auto stored = std::make_shared<FloatBuffer>();
+  resize(*stored, v.size());
+  upload(Span<const float>(v), *stored);
+  return WeightVector(std::move(stored));
 }
 
 void Backend::linear(ConstFloats x, int64_t M, const WeightMatrix& W, Floats y, MatmulPrecision precision,
@@ -207,25 +253,57 @@ void Backend::soft_cap_backward(ConstFloats y, Floats dy, int64_t n, float cap) 
   soft_cap_backward_impl(y.data, dy.data, n, cap);
 }
 
+// The statistics' buffers of a chunk of n rows are made by the first two steps; the later steps
+// check that they were (an Error naming the step that is missing).
+static void need_statistics(const Backend& backend, const SoftmaxRows& stats, int64_t n, bool sums, const char* op) {
+  check(stats.max_and_argmax.size() >= size_t(2 * n), backend.name(), " backend: ", op, " before softmax_row_max");
+  need(backend, stats.max_and_argmax.span(), 2 * n, op, "row maxima");
+  if (!sums) return;
+  check(stats.sum_exp_and_target.size() >= size_t(2 * n), backend.name(), " backend: ", op, " before softmax_row_sums");
+  need(backend, stats.sum_exp_and_target.span(), 2 * n, op, "row sums");
+}
+
 void Backend::softmax_row_max(ConstFloats z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats) {
   need(*this, z, n * cols, "softmax_row_max", "z");
-  softmax_row_max_impl(z.data, n, cols, v0, stats);
+  resize(stats.max_and_argmax, size_t(2 * n));
+  softmax_row_max_impl(z.data, n, cols, v0, stats.max_and_argmax.data());
 }
 
-void Backend::softmax_row_sums(ConstFloats z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                               const int64_t* rows, SoftmaxRows& stats) {
+void Backend::softmax_combine_max(ConstFloats gathered, int parts, int64_t n, SoftmaxRows& stats) {
+  need(*this, gathered, 2 * n * parts, "softmax_combine_max", "gathered");
+  need_statistics(*this, stats, n, false, "softmax_combine_max");
+  softmax_combine_max_impl(gathered.data, parts, n, stats.max_and_argmax.data());
+}
+
+void Backend::softmax_row_sums(ConstFloats z, int64_t n, int64_t cols, int64_t v0, Span<const int32_t> targets,
+                               SoftmaxRows& stats) {
   need(*this, z, n * cols, "softmax_row_sums", "z");
-  check(stats.max.size() >= size_t(n), name(), " backend: softmax_row_sums before softmax_row_max");
-  softmax_row_sums_impl(z.data, n, cols, v0, targets, rows, stats);
+  need(*this, targets, n, "softmax_row_sums", "targets");
+  need_statistics(*this, stats, n, false, "softmax_row_sums");
+  resize(stats.sum_exp_and_target, size_t(2 * n));
+  softmax_row_sums_impl(z.data, n, cols, v0, targets.data, stats.max_and_argmax.data(),
+                        stats.sum_exp_and_target.data());
 }
 
-void Backend::softmax_cross_entropy_backward(Floats z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                                             const float* weights, const int64_t* rows, double loss_scale,
+void Backend::softmax_cross_entropy_sums(const SoftmaxRows& stats, Span<const int32_t> targets, ConstFloats weights,
+                                         int64_t n, Span<double> sums) {
+  need(*this, targets, n, "softmax_cross_entropy_sums", "targets");
+  need(*this, weights, n, "softmax_cross_entropy_sums", "weights");
+  need(*this, sums, 3, "softmax_cross_entropy_sums", "sums");
+  need_statistics(*this, stats, n, true, "softmax_cross_entropy_sums");
+  softmax_cross_entropy_sums_impl(stats.max_and_argmax.data(), stats.sum_exp_and_target.data(), targets.data,
+                                  weights.data, n, sums.data);
+}
+
+void Backend::softmax_cross_entropy_backward(Floats z, int64_t n, int64_t cols, int64_t v0,
+                                             Span<const int32_t> targets, ConstFloats weights, double loss_scale,
                                              const SoftmaxRows& stats, float cap) {
   need(*this, z, n * cols, "softmax_cross_entropy_backward", "z");
-  check(stats.sum_exp_and_target.size() >= size_t(2 * n), name(),
-        " backend: softmax_cross_entropy_backward before softmax_row_sums");
-  softmax_cross_entropy_backward_impl(z.data, n, cols, v0, targets, weights, rows, loss_scale, stats, cap);
+  need(*this, targets, n, "softmax_cross_entropy_backward", "targets");
+  need(*this, weights, n, "softmax_cross_entropy_backward", "weights");
+  need_statistics(*this, stats, n, true, "softmax_cross_entropy_backward");
+  softmax_cross_entropy_backward_impl(z.data, n, cols, v0, targets.data, weights.data, loss_scale,
+                                      stats.max_and_argmax.data(), stats.sum_exp_and_target.data(), cap);
 }
 
 void Backend::embedding_lookup(const WeightMatrix& table, int64_t first_row, Span<const int32_t> ids, int64_t M,

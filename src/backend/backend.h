@@ -49,6 +49,13 @@ class Backend : public Allocator {
   void upload(Span<const int64_t> host, Span<int64_t> device);
   void upload(Span<const uint8_t> host, Span<uint8_t> device);
   void download(ConstFloats device, Span<float> host);
+  void upload(Span<const double> host, Span<double> device);
+  void download(Span<const double> device, Span<double> host);
+  // The weights: a copy in this backend's memory (the same storage when they are there already, as
+  // host weights are for the CPU backends). The copy lives in buffers of this backend, which must
+  // outlive it.
+  WeightMatrix upload(const WeightMatrix& host);
+  WeightVector upload(const WeightVector& host);
   virtual void synchronize() {}
 
   // ---- matrices (x: [M, W.cols] row-major, y: [M, W.rows]) ----
@@ -90,13 +97,17 @@ class Backend : public Allocator {
   void soft_cap_backward(ConstFloats y, Floats dy, int64_t n, float cap);
 
   // ---- the chunked softmax cross-entropy (backend/cpu/cross_entropy.h: steps a split vocabulary
-  // combines between; rows and targets index the host batch, the statistics are host values) ----
+  // combines between) over a chunk of n rows of logits z [n, cols] (vocabulary columns v0 …),
+  // targets [n] and weights [n] of those rows; the statistics stay on the backend ----
   void softmax_row_max(ConstFloats z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats);
-  void softmax_row_sums(ConstFloats z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                        const int64_t* rows, SoftmaxRows& stats);
-  void softmax_cross_entropy_backward(Floats z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                                      const float* weights, const int64_t* rows, double loss_scale,
-                                      const SoftmaxRows& stats, float cap);
+  void softmax_combine_max(ConstFloats gathered, int parts, int64_t n, SoftmaxRows& stats);
+  void softmax_row_sums(ConstFloats z, int64_t n, int64_t cols, int64_t v0, Span<const int32_t> targets,
+                        SoftmaxRows& stats);
+  // sums[0..2] += Σ w·CE, Σ w·[argmax = target], Σ w over the chunk (Keras' metric states).
+  void softmax_cross_entropy_sums(const SoftmaxRows& stats, Span<const int32_t> targets, ConstFloats weights,
+                                  int64_t n, Span<double> sums);
+  void softmax_cross_entropy_backward(Floats z, int64_t n, int64_t cols, int64_t v0, Span<const int32_t> targets,
+                                      ConstFloats weights, double loss_scale, const SoftmaxRows& stats, float cap);
 
   // ---- data movement ----
   // out[m] = table row ids[m] − first_row for the ids the table holds, zeros for the others; its
@@ -162,12 +173,17 @@ class Backend : public Allocator {
                                    float* dup) = 0;
   virtual void soft_cap_impl(float* x, int64_t n, float cap) = 0;
   virtual void soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) = 0;
-  virtual void softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats) = 0;
+  virtual void softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax) = 0;
+  virtual void softmax_combine_max_impl(const float* gathered, int parts, int64_t n, float* max_and_argmax) = 0;
   virtual void softmax_row_sums_impl(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                                     const int64_t* rows, SoftmaxRows& stats) = 0;
+                                     const float* max_and_argmax, double* sum_exp_and_target) = 0;
+  virtual void softmax_cross_entropy_sums_impl(const float* max_and_argmax, const double* sum_exp_and_target,
+                                               const int32_t* targets, const float* weights, int64_t n,
+                                               double* sums) = 0;
   virtual void softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_t cols, int64_t v0,
-                                                   const int32_t* targets, const float* weights, const int64_t* rows,
-                                                   double loss_scale, const SoftmaxRows& stats, float cap) = 0;
+                                                   const int32_t* targets, const float* weights, double loss_scale,
+                                                   const float* max_and_argmax, const double* sum_exp_and_target,
+                                                   float cap) = 0;
   virtual void embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
                                      float* out) = 0;
   virtual void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,

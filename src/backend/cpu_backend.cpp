@@ -105,18 +105,27 @@ void CpuBackend::soft_cap_impl(float* x, int64_t n, float cap) { meshtune::soft_
 void CpuBackend::soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) {
   meshtune::soft_cap_backward(y, dy, n, cap);
 }
-void CpuBackend::softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats) {
-  meshtune::softmax_row_max(z, n, cols, v0, stats);
+void CpuBackend::softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax) {
+  meshtune::softmax_row_max(z, n, cols, v0, max_and_argmax);
+}
+void CpuBackend::softmax_combine_max_impl(const float* gathered, int parts, int64_t n, float* max_and_argmax) {
+  softmax_combine_max_rows(gathered, parts, n, max_and_argmax);
 }
 void CpuBackend::softmax_row_sums_impl(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                                       const int64_t* rows, SoftmaxRows& stats) {
-  meshtune::softmax_row_sums(path_, z, n, cols, v0, targets, rows, stats);
+                                       const float* max_and_argmax, double* sum_exp_and_target) {
+  meshtune::softmax_row_sums(path_, z, n, cols, v0, targets, max_and_argmax, sum_exp_and_target);
+}
+void CpuBackend::softmax_cross_entropy_sums_impl(const float* max_and_argmax, const double* sum_exp_and_target,
+                                                 const int32_t* targets, const float* weights, int64_t n,
+                                                 double* sums) {
+  softmax_cross_entropy_sum_rows(max_and_argmax, sum_exp_and_target, targets, weights, n, sums);
 }
 void CpuBackend::softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_t cols, int64_t v0,
-                                                     const int32_t* targets, const float* weights,
-                                                     const int64_t* rows, double loss_scale,
-                                                     const SoftmaxRows& stats, float cap) {
-  meshtune::softmax_cross_entropy_backward(path_, z, n, cols, v0, targets, weights, rows, loss_scale, stats, cap);
+                                                     const int32_t* targets, const float* weights, double loss_scale,
+                                                     const float* max_and_argmax, const double* sum_exp_and_target,
+                                                     float cap) {
+  meshtune::softmax_cross_entropy_backward(path_, z, n, cols, v0, targets, weights, loss_scale, max_and_argmax,
+                                           sum_exp_and_target, cap);
 }
 void CpuBackend::embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
                                        float* out) {

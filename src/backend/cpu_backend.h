@@ -64,12 +64,16 @@ class CpuBackend final : public Backend {
                            float* dup) override;
   void soft_cap_impl(float* x, int64_t n, float cap) override;
   void soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) override;
-  void softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats) override;
+  void softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax) override;
+  void softmax_combine_max_impl(const float* gathered, int parts, int64_t n, float* max_and_argmax) override;
   void softmax_row_sums_impl(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                             const int64_t* rows, SoftmaxRows& stats) override;
+                             const float* max_and_argmax, double* sum_exp_and_target) override;
+  void softmax_cross_entropy_sums_impl(const float* max_and_argmax, const double* sum_exp_and_target,
+                                       const int32_t* targets, const float* weights, int64_t n,
+                                       double* sums) override;
   void softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                                           const float* weights, const int64_t* rows, double loss_scale,
-                                           const SoftmaxRows& stats, float cap) override;
+                                           const float* weights, double loss_scale, const float* max_and_argmax,
+                                           const double* sum_exp_and_target, float cap) override;
   void embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
                              float* out) override;
   void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim, int64_t first_row,

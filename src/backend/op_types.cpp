@@ -4,22 +4,23 @@
 
 namespace meshtune {
 
-void softmax_combine_max(const float* gathered, int parts, int64_t n, SoftmaxRows& rows) {
+void softmax_combine_max_rows(const float* gathered, int parts, int64_t n, float* max_and_argmax) {
+  float *max = max_and_argmax, *argmax = max_and_argmax + n;
   for (int64_t i = 0; i < n; ++i)
     for (int r = 0; r < parts; ++r) {
       const float value = gathered[(2 * r) * n + i], index = gathered[(2 * r + 1) * n + i];
-      if (r == 0 || value > rows.max[size_t(i)]) rows.max[size_t(i)] = value, rows.argmax[size_t(i)] = index;
+      if (r == 0 || value > max[i]) max[i] = value, argmax[i] = index;
     }
 }
 
-void softmax_cross_entropy_sums(const SoftmaxRows& stats, const int32_t* targets, const float* weights,
-                                const int64_t* rows, int64_t n, double sums[3]) {
+void softmax_cross_entropy_sum_rows(const float* max_and_argmax, const double* sum_exp_and_target,
+                                    const int32_t* targets, const float* weights, int64_t n, double* sums) {
+  const float *max = max_and_argmax, *argmax = max_and_argmax + n;
   for (int64_t i = 0; i < n; ++i) {
-    const double w = weights[rows[i]];
-    const double ce = std::log(stats.sum_exp_and_target[size_t(i)]) + double(stats.max[size_t(i)]) -
-                      double(float(stats.sum_exp_and_target[size_t(n + i)]));
+    const double w = weights[i];
+    const double ce = std::log(sum_exp_and_target[i]) + double(max[i]) - double(float(sum_exp_and_target[n + i]));
     sums[0] += w * ce;
-    sums[1] += w * (int64_t(stats.argmax[size_t(i)]) == targets[rows[i]] ? 1.0 : 0.0);
+    sums[1] += w * (int64_t(argmax[i]) == targets[i] ? 1.0 : 0.0);
     sums[2] += w;
   }
 }

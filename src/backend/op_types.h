@@ -58,17 +58,23 @@ struct AdamWStep {
   float epsilon = 0;
 };
 
-// The chunked softmax cross-entropy's statistics, per row of a chunk (backend.h softmax_*).
-struct SoftmaxRows {  // per row of a chunk
-  std::vector<float> max, argmax;            // [n]: the row's largest logit, its vocabulary index (first on ties)
-  std::vector<double> sum_exp_and_target;    // [2n]: Σ exp(z − max), then the target's logit (0 if not held here)
+// The chunked softmax cross-entropy's statistics for the n rows of a chunk (backend.h softmax_*),
+// in the backend's memory; the buffers are sized by the ops and reused from chunk to chunk.
+struct SoftmaxRows {
+  FloatBuffer max_and_argmax;         // [2n]: each row's largest logit, then its vocabulary index (first on ties)
+  Buffer<double> sum_exp_and_target;  // [2n]: Σ exp(z − max), then the target's logit (0 if not held here)
+  FloatBuffer gathered;               // a split vocabulary: every process' max_and_argmax, process order
 };
-// Between steps when split: `gathered` is every process' [max…, argmax…] (2n floats each, process
-// order); the first process holding the overall maximum wins, as a whole-vocabulary argmax would.
-void softmax_combine_max(const float* gathered, int parts, int64_t n, SoftmaxRows& rows);
-// Once the sums are whole: adds Σ w·CE (CE = log Σexp + max − z_target), Σ w·[argmax = target] and
-// Σ w over the chunk's rows into sums[0..2] (Keras' metric states).
-void softmax_cross_entropy_sums(const SoftmaxRows& stats, const int32_t* targets, const float* weights,
-                                const int64_t* rows, int64_t n, double sums[3]);
+
+// The two steps of the loss that are a few values per row, as host loops (the host backends'
+// implementation; a device backend has its own):
+// combining a split vocabulary's maxima — `gathered` holds every process' [max…, argmax…] (2n
+// each, process order); the first process holding the overall maximum wins, as a whole-vocabulary
+// argmax would;
+void softmax_combine_max_rows(const float* gathered, int parts, int64_t n, float* max_and_argmax);
+// the metric sums once the statistics are whole: adds Σ w·CE (CE = log Σexp + max − z_target),
+// Σ w·[argmax = target] and Σ w over the rows into sums[0..2] (Keras' metric states).
+void softmax_cross_entropy_sum_rows(const float* max_and_argmax, const double* sum_exp_and_target,
+                                    const int32_t* targets, const float* weights, int64_t n, double* sums);
 
 }  // namespace meshtune

@@ -309,40 +309,49 @@ void ReferenceBackend::soft_cap_backward_impl(const float* y, float* dy, int64_t
 
 // ---- the chunked softmax cross-entropy ----
 
-void ReferenceBackend::softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& stats) {
-  stats.max.assign(size_t(n), 0.f);
-  stats.argmax.assign(size_t(n), 0.f);
+void ReferenceBackend::softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0,
+                                            float* max_and_argmax) {
   for (int64_t i = 0; i < n; ++i) {
     int64_t best = 0;
     for (int64_t c = 1; c < cols; ++c)
       if (z[i * cols + c] > z[i * cols + best]) best = c;
-    stats.max[size_t(i)] = z[i * cols + best];
-    stats.argmax[size_t(i)] = float(v0 + best);
+    max_and_argmax[i] = z[i * cols + best];
+    max_and_argmax[n + i] = float(v0 + best);
   }
 }
 
+void ReferenceBackend::softmax_combine_max_impl(const float* gathered, int parts, int64_t n, float* max_and_argmax) {
+  softmax_combine_max_rows(gathered, parts, n, max_and_argmax);
+}
+
 void ReferenceBackend::softmax_row_sums_impl(const float* z, int64_t n, int64_t cols, int64_t v0,
-                                             const int32_t* targets, const int64_t* rows, SoftmaxRows& stats) {
-  stats.sum_exp_and_target.assign(size_t(2 * n), 0.0);
+                                             const int32_t* targets, const float* max_and_argmax,
+                                             double* sum_exp_and_target) {
   for (int64_t i = 0; i < n; ++i) {
     double sum = 0;
-    for (int64_t c = 0; c < cols; ++c) sum += std::exp(double(z[i * cols + c]) - stats.max[size_t(i)]);
-    const int64_t y = targets[rows[i]] - v0;
-    stats.sum_exp_and_target[size_t(i)] = sum;
-    stats.sum_exp_and_target[size_t(n + i)] = y >= 0 && y < cols ? double(z[i * cols + y]) : 0.0;
+    for (int64_t c = 0; c < cols; ++c) sum += std::exp(double(z[i * cols + c]) - max_and_argmax[i]);
+    const int64_t y = targets[i] - v0;
+    sum_exp_and_target[i] = sum;
+    sum_exp_and_target[n + i] = y >= 0 && y < cols ? double(z[i * cols + y]) : 0.0;
   }
+}
+
+void ReferenceBackend::softmax_cross_entropy_sums_impl(const float* max_and_argmax, const double* sum_exp_and_target,
+                                                       const int32_t* targets, const float* weights, int64_t n,
+                                                       double* sums) {
+  softmax_cross_entropy_sum_rows(max_and_argmax, sum_exp_and_target, targets, weights, n, sums);
 }
 
 void ReferenceBackend::softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_t cols, int64_t v0,
                                                            const int32_t* targets, const float* weights,
-                                                           const int64_t* rows, double loss_scale,
-                                                           const SoftmaxRows& stats, float cap) {
+                                                           double loss_scale, const float* max_and_argmax,
+                                                           const double* sum_exp_and_target, float cap) {
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t y = targets[rows[i]] - v0;
-    const double factor = loss_scale * weights[rows[i]];
+    const int64_t y = targets[i] - v0;
+    const double factor = loss_scale * weights[i];
     for (int64_t c = 0; c < cols; ++c) {
       const double zc = z[i * cols + c];
-      double g = std::exp(zc - stats.max[size_t(i)]) / stats.sum_exp_and_target[size_t(i)] - (c == y ? 1.0 : 0.0);
+      double g = std::exp(zc - max_and_argmax[i]) / sum_exp_and_target[i] - (c == y ? 1.0 : 0.0);
       if (cap > 0) g *= 1.0 - (zc / cap) * (zc / cap);
       z[i * cols + c] = float(factor * g);
     }

@@ -40,6 +40,15 @@ WeightMatrix WeightMatrix::from_f32(int64_t rows, int64_t cols, std::vector<floa
   return m;
 }
 
+WeightVector::WeightVector(std::vector<float> host) : storage_(std::make_shared<FloatBuffer>(host.size())) {
+  std::copy(host.begin(), host.end(), storage_->data());
+}
+
+std::vector<float> WeightVector::to_f32() const {
+  check(device() == Device::Host, "a weight vector in ", device_name(device()), " memory is read on the host");
+  return std::vector<float>(data(), data() + size());
+}
+
 WeightMatrix to_bf16_matrix(const WeightMatrix& W) {
   if (W.dtype != DType::F32) return W;
   auto values = std::make_shared<std::vector<uint16_t>>(size_t(W.rows) * size_t(W.cols));

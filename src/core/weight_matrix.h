@@ -47,6 +47,27 @@ struct WeightMatrix {
   static WeightMatrix from_f32(int64_t rows, int64_t cols, std::vector<float> values);
 };
 
+// A weight vector — RMSNorm's scales, fp32 — held like a WeightMatrix: copies of a model share its
+// storage (so a block's weights copy cheaply), and it is tagged with where its memory is. Assigning
+// host values replaces the storage; full fine-tuning updates it in place through values().
+class WeightVector {
+ public:
+  WeightVector() = default;
+  WeightVector(std::vector<float> host);  // NOLINT: host values become the vector (load, init)
+  explicit WeightVector(std::shared_ptr<FloatBuffer> storage) : storage_(std::move(storage)) {}
+
+  size_t size() const { return storage_ ? storage_->size() : 0; }
+  bool empty() const { return size() == 0; }
+  Device device() const { return storage_ ? storage_->device() : Device::Host; }
+  operator Span<const float>() const { return storage_ ? storage_->span() : Span<const float>(); }
+  Span<float> values() const { return storage_ ? storage_->span() : Span<float>(); }
+  const float* data() const { return storage_ ? storage_->data() : nullptr; }  // host code: load, save, sharding
+  std::vector<float> to_f32() const;  // a host copy; an Error for device memory (download it instead)
+
+ private:
+  std::shared_ptr<FloatBuffer> storage_;
+};
+
 // What a matrix product's float inputs are: F32 as given, or BF16 — x (dy in backward) and W
 // rounded to bf16 (nearest even), the products summed in fp32 and written as fp32: the matmuls of
 // Keras' mixed_bfloat16 and bfloat16 policies. int8 matrices take the int8 path whatever the precision.

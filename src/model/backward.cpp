@@ -10,7 +10,8 @@ namespace meshtune {
 
 // A gradient the backward adds into (host memory: the Trainer's), as an operand of n values; empty
 // when the variable is frozen.
-static Floats gradient(float* g, int64_t n) { return g ? Floats(g, size_t(n)) : Floats(); }
+// A gradient slot of ModelGradients (in the backend's memory), or none.
+static Floats gradient(const Backend& b, float* g, int64_t n) { return g ? Floats(g, size_t(n), b.device()) : Floats(); }
 
 // Backward of project(): dx (+)= dy·W plus the LoRA term's share; ∂W += dyᵀ·x when `grad_w` (full
 // fine-tuning); the LoRA term adds its ∂A and ∂B (W itself is never differentiated under LoRA).
@@ -19,7 +20,7 @@ static void project_backward(const Context& ctx, const GemmaModel& model, int la
                              float* grad_w) {
   Backend& b = ctx.backend;
   b.linear_backward_input(dy, M, W, dx, accumulate, ctx.precision);
-  if (grad_w) b.linear_backward_weight(dy, x, M, W.rows, W.cols, gradient(grad_w, W.rows * W.cols));
+  if (grad_w) b.linear_backward_weight(dy, x, M, W.rows, W.cols, gradient(b, grad_w, W.rows * W.cols));
   b.low_rank_backward(x, dy, M, model.low_rank_term(layer, slot), dx);
 }
 
@@ -45,7 +46,7 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
   FloatBuffer& d_branch = sized(ws.d_branch, M * D);
   b.copy(dx, M * D, d_branch);
   if (c.use_post_ffw_norm)
-    b.rmsnorm_backward(a.ffw_projected, w.post_ffw_norm, M, D, eps, d_branch, d_branch, gradient(g.post_ffw_norm, D));
+    b.rmsnorm_backward(a.ffw_projected, w.post_ffw_norm, M, D, eps, d_branch, d_branch, gradient(b, g.post_ffw_norm, D));
   FloatBuffer &d_activated = sized(ws.d_activated, M * F), &d_gate = sized(ws.d_gate, M * F),
               &d_up = sized(ws.d_up, M * F);
   // ffw_linear's input gelu(gate)·up was not kept (F wide); it is recomputed when there is a
@@ -66,14 +67,14 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
   project_backward(ctx, model, layer, Slot::FfwGating2, a.ffw_normed, d_up, M, w.ffw_gating_2, d_normed,
                    /*accumulate=*/true, g.ffw_gating_2);
   ctx.tensor_parallel.sum_partials(d_normed);  // Σ over width
-  b.rmsnorm_backward(a.mid, w.pre_ffw_norm, M, D, eps, d_normed, d_normed, gradient(g.pre_ffw_norm, D));
+  b.rmsnorm_backward(a.mid, w.pre_ffw_norm, M, D, eps, d_normed, d_normed, gradient(b, g.pre_ffw_norm, D));
   b.add_into(dx, d_normed, M * D);  // now ∂L/∂mid
 
   // --- attention branch: mid = input + post_attention_norm(attention_output(attention(q, k, v))) ---
   b.copy(dx, M * D, d_branch);
   if (c.use_post_attention_norm)
     b.rmsnorm_backward(a.attn_projected, w.post_attention_norm, M, D, eps, d_branch, d_branch,
-                       gradient(g.post_attention_norm, D));
+                       gradient(b, g.post_attention_norm, D));
   FloatBuffer& d_attended = sized(ws.d_attended, M * N * H);
   project_backward(ctx, model, layer, Slot::AttentionOutput, a.attended, d_branch, M, w.attention_output,
                    d_attended, false, g.attention_output);
@@ -84,15 +85,15 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
   b.rope_backward(dq, M, N, H, positions, c.rope_base(layer), c.rope_scaling(layer));
   b.rope_backward(dk, M, K, H, positions, c.rope_base(layer), c.rope_scaling(layer));
   if (c.use_query_key_norm) {
-    b.rmsnorm_backward(a.q_raw, w.query_norm, M * N, H, eps, dq, dq, gradient(g.query_norm, H));
-    b.rmsnorm_backward(a.k_raw, w.key_norm, M * K, H, eps, dk, dk, gradient(g.key_norm, H));
+    b.rmsnorm_backward(a.q_raw, w.query_norm, M * N, H, eps, dq, dq, gradient(b, g.query_norm, H));
+    b.rmsnorm_backward(a.k_raw, w.key_norm, M * K, H, eps, dk, dk, gradient(b, g.key_norm, H));
   }
   project_backward(ctx, model, layer, Slot::Query, a.attn_normed, dq, M, w.query, d_normed, false,
                    g.query);  // overwrites d_normed, the next two add to it
   project_backward(ctx, model, layer, Slot::Key, a.attn_normed, dk, M, w.key, d_normed, true, g.key);
   project_backward(ctx, model, layer, Slot::Value, a.attn_normed, dv, M, w.value, d_normed, true, g.value);
   ctx.tensor_parallel.sum_partials(d_normed);  // Σ over heads
-  b.rmsnorm_backward(a.input, w.pre_attention_norm, M, D, eps, d_normed, d_normed, gradient(g.pre_attention_norm, D));
+  b.rmsnorm_backward(a.input, w.pre_attention_norm, M, D, eps, d_normed, d_normed, gradient(b, g.pre_attention_norm, D));
   b.add_into(dx, d_normed, M * D);  // now ∂L/∂input
 }
 
@@ -144,7 +145,17 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
   // Loss over the rows that carry weight, a chunk at a time (the logits of a chunk only). With the
   // vocabulary split over processes each holds its columns of the logits, and the softmax's max,
   // sum and target logit are combined over the processes (backend/cpu/cross_entropy.h).
-  const std::vector<int64_t> rows = nonzero_positions(batch.sample_weight, M);
+  const WeightedRows weighted = weighted_rows(batch.targets, batch.sample_weight, M);
+  const size_t R = weighted.rows.size();
+  b.resize(ws.loss_rows, std::max<size_t>(R, 1));
+  b.resize(ws.loss_targets, std::max<size_t>(R, 1));
+  b.resize(ws.loss_weights, std::max<size_t>(R, 1));
+  b.upload(Span<const int64_t>(weighted.rows), ws.loss_rows);
+  b.upload(Span<const int32_t>(weighted.targets), ws.loss_targets);
+  b.upload(Span<const float>(weighted.weights), ws.loss_weights);
+  b.resize(ws.loss_sums, 3);
+  const double zeros[3] = {0, 0, 0};
+  b.upload(Span<const double>(zeros, 3), ws.loss_sums);
   const int64_t part = model.embeddings.rows, v0 = model.vocab_offset;  // this process' vocabulary rows
   const bool vocab_split = model.vocab_parallel();
   const int64_t chunk = loss_chunk_rows(part);
@@ -157,43 +168,45 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
   b.resize(h_chunk, size_t(chunk * D));
   b.resize(d_h_chunk, size_t(chunk * D));
   b.resize(logits, size_t(chunk * part));
-  SoftmaxRows stats;
-  double sums[3] = {0, 0, 0};  // Σ w·CE, Σ w·correct, Σ w
-  for (size_t r0 = 0; r0 < rows.size(); r0 += size_t(chunk)) {
-    const int64_t n = std::min<int64_t>(chunk, int64_t(rows.size() - r0));
-    const int64_t* chunk_rows = rows.data() + r0;
-    b.gather_rows(hidden, Span<const int64_t>(chunk_rows, size_t(n)), D, h_chunk);
+  SoftmaxRows& stats = ws.loss_stats;
+  for (size_t r0 = 0; r0 < R; r0 += size_t(chunk)) {
+    const int64_t n = std::min<int64_t>(chunk, int64_t(R - r0));
+    const Span<const int64_t> chunk_rows = ws.loss_rows.span().part(r0, size_t(n));
+    const Span<const int32_t> targets = ws.loss_targets.span().part(r0, size_t(n));
+    const ConstFloats weights = ws.loss_weights.span().part(r0, size_t(n));
+    b.gather_rows(hidden, chunk_rows, D, h_chunk);
     lm_head_local(ctx, model, h_chunk, n, logits);
     b.softmax_row_max(logits, n, part, v0, stats);
-    if (vocab_split) ctx.tensor_parallel.combine_row_max(stats, n);  // the first process with the maximum wins
-    b.softmax_row_sums(logits, n, part, v0, batch.targets, chunk_rows, stats);
-    if (vocab_split) ctx.tensor_parallel.sum_row_sums(stats);
-    softmax_cross_entropy_sums(stats, batch.targets, batch.sample_weight, chunk_rows, n, sums);
+    if (vocab_split) ctx.tensor_parallel.combine_row_max(b, stats, n);  // the first process with the maximum wins
+    b.softmax_row_sums(logits, n, part, v0, targets, stats);
+    if (vocab_split) ctx.tensor_parallel.sum_row_sums(stats, n);
+    b.softmax_cross_entropy_sums(stats, targets, weights, n, ws.loss_sums);
     if (!grads) continue;
     // The chunk's logits buffer becomes ∂L/∂raw_logits, then flows into the hidden states and the
     // tied embedding.
-    b.softmax_cross_entropy_backward(logits, n, part, v0, batch.targets, batch.sample_weight, chunk_rows, loss_scale,
-                                     stats, c.final_logit_soft_cap);
+    b.softmax_cross_entropy_backward(logits, n, part, v0, targets, weights, loss_scale, stats, c.final_logit_soft_cap);
     b.linear_backward_input(logits, n, model.embeddings, d_h_chunk, false, ctx.precision);
     if (vocab_split) ctx.tensor_parallel.sum_partials(d_h_chunk.span().part(0, size_t(n * D)));  // Σ over parts
     if (grads->embeddings)
-      b.linear_backward_weight(logits, h_chunk, n, part, D, gradient(grads->embeddings, part * D));
-    b.scatter_rows(d_h_chunk, Span<const int64_t>(chunk_rows, size_t(n)), D, d_hidden);
+      b.linear_backward_weight(logits, h_chunk, n, part, D, gradient(b, grads->embeddings, part * D));
+    b.scatter_rows(d_h_chunk, chunk_rows, D, d_hidden);
   }
+  double sums[3];  // Σ w·CE, Σ w·correct, Σ w
+  b.download(ws.loss_sums.span(), Span<double>(sums, 3));
   const LossSums totals{sums[0], sums[1], sums[2]};
   if (!grads) return totals;
 
   // Final norm, then the blocks in reverse, then the scaled embedding lookup.
   FloatBuffer& dx = d_hidden;
   b.rmsnorm_backward(ws.final_norm_input, model.final_norm, M, D, c.layer_norm_epsilon, dx, dx,
-                     gradient(grads->final_norm, D));
+                     gradient(b, grads->final_norm, D));
   const Span<const uint8_t> key_valid = cache.key_valid;  // the batch's padding mask, on the backend
   for (int layer = c.num_layers - 1; layer >= 0; --layer)
     decoder_block_backward(ctx, model, model.layer_weights(layer), layer, saved.backward_set(layer), B, T, key_valid,
                            grads->layers[size_t(layer)], dx, ws);
   if (grads->embeddings)  // x = Emb[ids]·√D
     b.embedding_lookup_backward(dx, ws.forward.ids, M, D, model.vocab_offset,
-                                model.embeddings.rows, float(std::sqrt(double(D))), gradient(grads->embeddings, part * D));
+                                model.embeddings.rows, float(std::sqrt(double(D))), gradient(b, grads->embeddings, part * D));
   return totals;
 }
 

@@ -51,6 +51,13 @@ struct TrainingWorkspace {
   FloatBuffer h_chunk, d_h_chunk;     // one chunk of rows of the hidden states and of their gradient
   FloatBuffer logits;                 // one chunk of rows' logits (up to 128 MiB)
   FloatBuffer final_norm_input;       // the residual stream entering the final norm [M, D]
+  // The loss: the weighted rows with their targets and weights (uploaded once per pass), the
+  // chunk's softmax statistics, and Σ w·CE, Σ w·correct, Σ w (downloaded once per pass).
+  Buffer<int64_t> loss_rows;
+  Buffer<int32_t> loss_targets;
+  FloatBuffer loss_weights;
+  SoftmaxRows loss_stats;
+  Buffer<double> loss_sums;
 };
 
 // Rows of logits the loss computes at a time over `vocab_rows` columns: up to 256, with at most

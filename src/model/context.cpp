@@ -14,16 +14,15 @@ void TensorParallelGroup::max_over_slices(Floats row_max) const {
   if (comm_) comm_->all_reduce_max(row_max);
 }
 
-void TensorParallelGroup::combine_row_max(SoftmaxRows& stats, int64_t n) const {
+void TensorParallelGroup::combine_row_max(Backend& backend, SoftmaxRows& stats, int64_t n) const {
   if (!comm_) return;
-  std::vector<float> mine(stats.max.begin(), stats.max.begin() + n), all(size_t(2 * n * comm_->size()));
-  mine.insert(mine.end(), stats.argmax.begin(), stats.argmax.begin() + n);
-  comm_->all_gather(mine, all);
-  softmax_combine_max(all.data(), comm_->size(), n, stats);
+  backend.resize(stats.gathered, size_t(2 * n * comm_->size()));
+  comm_->all_gather(stats.max_and_argmax.span().part(0, size_t(2 * n)), stats.gathered);
+  backend.softmax_combine_max(stats.gathered, comm_->size(), n, stats);
 }
 
-void TensorParallelGroup::sum_row_sums(SoftmaxRows& stats) const {
-  if (comm_) comm_->all_reduce_sum(stats.sum_exp_and_target);
+void TensorParallelGroup::sum_row_sums(SoftmaxRows& stats, int64_t n) const {
+  if (comm_) comm_->all_reduce_sum(stats.sum_exp_and_target.span().part(0, size_t(2 * n)));
 }
 
 void TensorParallelGroup::gather_columns(Backend& backend, ConstFloats mine, int64_t M, int64_t part, Floats gathered,

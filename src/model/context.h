@@ -30,8 +30,8 @@ class TensorParallelGroup {
   void max_over_slices(Floats row_max) const;
   // The vocabulary-parallel loss statistics of n rows: the row maxima and their indices combined
   // (the first process holding the overall maximum wins), then Σexp and the target logits summed.
-  void combine_row_max(SoftmaxRows& stats, int64_t n) const;
-  void sum_row_sums(SoftmaxRows& stats) const;
+  void combine_row_max(Backend& backend, SoftmaxRows& stats, int64_t n) const;
+  void sum_row_sums(SoftmaxRows& stats, int64_t n) const;
   // The vocabulary-parallel logits: each process' [M, part] columns, gathered (process order =
   // vocabulary order) into `gathered` and laid out as rows of [M, size·part] in `out`.
   void gather_columns(Backend& backend, ConstFloats mine, int64_t M, int64_t part, Floats gathered,

@@ -30,6 +30,17 @@ bool GemmaModel::has_int8() const {
   return false;
 }
 
+GemmaModel upload_model(const GemmaModel& model, Backend& backend) {
+  check(!model.layer_source, "upload_model: the model's blocks are built on demand (a sharded model); "
+        "only whole weights are uploaded");
+  GemmaModel out = model;
+  for (const VariableSpec& spec : gemma_variables(model.config)) {
+    if (WeightMatrix* w = out.matrix(spec.slot, spec.layer)) *w = backend.upload(*w);
+    else if (WeightVector* v = out.vector(spec.slot, spec.layer)) *v = backend.upload(*v);
+  }
+  return out;
+}
+
 WeightMatrix* DecoderLayerWeights::matrix(Slot slot) {
   switch (slot) {
     case Slot::Query: return &query;
@@ -43,7 +54,7 @@ WeightMatrix* DecoderLayerWeights::matrix(Slot slot) {
   }
 }
 
-std::vector<float>* DecoderLayerWeights::vector(Slot slot) {
+WeightVector* DecoderLayerWeights::vector(Slot slot) {
   switch (slot) {
     case Slot::PreAttentionNorm: return &pre_attention_norm;
     case Slot::PostAttentionNorm: return &post_attention_norm;
@@ -93,7 +104,7 @@ WeightMatrix* GemmaModel::matrix(Slot slot, int layer) {
   return layer >= 0 ? layers[size_t(layer)].matrix(slot) : nullptr;
 }
 
-std::vector<float>* GemmaModel::vector(Slot slot, int layer) {
+WeightVector* GemmaModel::vector(Slot slot, int layer) {
   if (slot == Slot::FinalNorm) return &final_norm;
   return layer >= 0 ? layers[size_t(layer)].vector(slot) : nullptr;
 }

@@ -20,8 +20,8 @@
 namespace meshtune {
 
 struct DecoderLayerWeights {
-  std::vector<float> pre_attention_norm, post_attention_norm, pre_ffw_norm, post_ffw_norm;  // (D,)
-  std::vector<float> query_norm, key_norm;                                                  // (H,) Gemma 3
+  WeightVector pre_attention_norm, post_attention_norm, pre_ffw_norm, post_ffw_norm;  // (D,)
+  WeightVector query_norm, key_norm;                                                  // (H,) Gemma 3
   WeightMatrix query;             // (N·H, D)
   WeightMatrix key, value;        // (K·H, D)
   WeightMatrix attention_output;  // (D, N·H)
@@ -30,7 +30,7 @@ struct DecoderLayerWeights {
   WeightMatrix ffw_linear;        // (D, F) down
 
   WeightMatrix* matrix(Slot slot);         // nullptr for norm slots
-  std::vector<float>* vector(Slot slot);   // nullptr for matrix slots
+  WeightVector* vector(Slot slot);         // nullptr for matrix slots
 };
 
 // LoRA's low-rank terms of one block (training): y = x·Wᵀ + scale·(x·A)·B for each adapted matrix.
@@ -44,7 +44,7 @@ struct GemmaModel {
   GemmaConfig config;
   WeightMatrix embeddings;  // (V, D), tied with the output projection
   std::vector<DecoderLayerWeights> layers;
-  std::vector<float> final_norm;  // (D,)
+  WeightVector final_norm;  // (D,)
   // Optional: builds a block's weights on demand (e.g. all-gathered from this process' blocks; for
   // inference merge_lora merges as it builds) so that only one block is whole at a time. Unset:
   // `layers` is used.
@@ -67,12 +67,17 @@ struct GemmaModel {
   // The storage of variable `slot` (of decoder block `layer`): its matrix for projections and the
   // embedding (else nullptr), its vector for norm scales (else nullptr).
   WeightMatrix* matrix(Slot slot, int layer);
-  std::vector<float>* vector(Slot slot, int layer);
+  WeightVector* vector(Slot slot, int layer);
   const WeightMatrix* matrix(Slot slot, int layer) const { return const_cast<GemmaModel*>(this)->matrix(slot, layer); }
-  const std::vector<float>* vector(Slot slot, int layer) const {
+  const WeightVector* vector(Slot slot, int layer) const {
     return const_cast<GemmaModel*>(this)->vector(slot, layer);
   }
 };
+
+// The model's weights in `backend`'s memory (the model itself where they are there already: the CPU
+// backends compute on host weights). Blocks built on demand (layer_source) and attached LoRA terms
+// are not copied: the former is an Error, the latter come from LoraTensors on the backend.
+GemmaModel upload_model(const GemmaModel& model, Backend& backend);
 
 // y[M, W.rows] = x·Wᵀ, plus block `layer`'s LoRA term for `slot` when the model carries one.
 void project(const Context& ctx, const GemmaModel& model, int layer, Slot slot, ConstFloats x, int64_t M,

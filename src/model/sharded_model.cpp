@@ -10,7 +10,7 @@ namespace meshtune {
 
 std::vector<float> variable_values(const GemmaModel& m, const VariableSpec& spec) {
   if (const WeightMatrix* w = m.matrix(spec.slot, spec.layer)) return w->to_f32();
-  return *m.vector(spec.slot, spec.layer);
+  return m.vector(spec.slot, spec.layer)->to_f32();
 }
 
 void set_variable(GemmaModel& m, const VariableSpec& spec, std::vector<float> values) {
@@ -152,7 +152,7 @@ static void put_region(GemmaModel& m, DecoderLayerWeights* w, const VariableSpec
                        std::vector<float> values, const WeightMatrix* shared = nullptr) {
   WeightMatrix* matrix = w ? w->matrix(spec.slot) : m.matrix(spec.slot, spec.layer);
   if (!matrix) {
-    std::vector<float>& vec = w ? *w->vector(spec.slot) : *m.vector(spec.slot, spec.layer);
+    WeightVector& vec = w ? *w->vector(spec.slot) : *m.vector(spec.slot, spec.layer);
     vec = shared ? shared->to_f32() : std::move(values);
     return;
   }

@@ -14,10 +14,14 @@ int64_t first_id_outside(const int32_t* ids, int64_t n, int64_t limit) {
   return -1;
 }
 
-std::vector<int64_t> nonzero_positions(const float* values, int64_t n) {
-  std::vector<int64_t> out;
+WeightedRows weighted_rows(const int32_t* targets, const float* weights, int64_t n) {
+  WeightedRows out;
   for (int64_t i = 0; i < n; ++i)
-    if (values[i] != 0.f) out.push_back(i);
+    if (weights[i] != 0.f) {
+      out.rows.push_back(i);
+      out.targets.push_back(targets[i]);
+      out.weights.push_back(weights[i]);
+    }
   return out;
 }
 }  // namespace meshtune

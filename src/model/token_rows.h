@@ -13,7 +13,13 @@ std::vector<int64_t> token_positions(int64_t B, int64_t T, int64_t start);
 // The first i < n with ids[i] outside [0, limit), or −1.
 int64_t first_id_outside(const int32_t* ids, int64_t n, int64_t limit);
 
-// The indices i < n with values[i] ≠ 0 (the rows a weighted loss has to look at).
-std::vector<int64_t> nonzero_positions(const float* values, int64_t n);
+// The rows a weighted loss has to look at — the i < n with weights[i] ≠ 0 — with their targets
+// and weights, in row order.
+struct WeightedRows {
+  std::vector<int64_t> rows;
+  std::vector<int32_t> targets;
+  std::vector<float> weights;
+};
+WeightedRows weighted_rows(const int32_t* targets, const float* weights, int64_t n);
 
 }  // namespace meshtune

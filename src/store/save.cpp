@@ -27,7 +27,7 @@ static HostTensor variable_tensor(const GemmaModel& model, const VariableSpec& s
     t.owner = m.owner;
     return t;
   };
-  auto from_vector = [&](const std::vector<float>& v) {
+  auto from_vector = [&](const WeightVector& v) {
     HostTensor t;
     t.dtype = DType::F32;
     t.shape = spec.hf_shape;

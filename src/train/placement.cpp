@@ -24,8 +24,8 @@ static SlotRef slot_ref(GemmaModel& m, ModelGradients& g, const VariableSpec& sp
     const size_t n = size_t(w->rows * w->cols);
     return {Floats(const_cast<float*>(w->f32()), n, w->device), n, &grad};
   }
-  std::vector<float>* v = m.vector(spec.slot, spec.layer);
-  return {*v, v->size(), &grad};
+  const WeightVector* v = m.vector(spec.slot, spec.layer);
+  return {v->values(), v->size(), &grad};
 }
 
 Floats Trainer::gradient_storage(size_t i, size_t size, float** backward_hook) {

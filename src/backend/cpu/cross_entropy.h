@@ -14,18 +14,18 @@
 namespace meshtune {
 
 
+// Row i of the chunk has target targets[i] and weight weights[i]; max_and_argmax and
+// sum_exp_and_target are SoftmaxRows' [2n] statistics (backend/op_types.h).
 // Step 1: each row's largest logit and its index v0 + j (an index as float: vocabularies < 2^24).
-void softmax_row_max(const float* z, int64_t n, int64_t cols, int64_t v0, SoftmaxRows& rows);
-// Row i of the chunk is row rows[i] of the batch: its target is targets[rows[i]], its weight
-// weights[rows[i]].
+void softmax_row_max(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax);
 // Step 2: Σ exp(z − max) (in fp64) and the target's logit where the target is one of these columns.
-void softmax_row_sums(const KernelPath& path, const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                      const int64_t* rows, SoftmaxRows& stats);
+void softmax_row_sums(const KernelPath& path, const float* z, int64_t n, int64_t cols, int64_t v0,
+                      const int32_t* targets, const float* max_and_argmax, double* sum_exp_and_target);
 
 // Backward, in place: z ← f·(softmax(z) − onehot(target))·(1 − (z/cap)²) with f = loss_scale·w —
 // the gradient of f·CE with respect to the logits before a final soft cap (cap > 0; 0 = none).
-void softmax_cross_entropy_backward(const KernelPath& path, float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
-                                    const float* weights, const int64_t* rows, double loss_scale,
-                                    const SoftmaxRows& stats, float cap);
+void softmax_cross_entropy_backward(const KernelPath& path, float* z, int64_t n, int64_t cols, int64_t v0,
+                                    const int32_t* targets, const float* weights, double loss_scale,
+                                    const float* max_and_argmax, const double* sum_exp_and_target, float cap);
 
 }  // namespace meshtune

@@ -1,0 +1,169 @@
+// The device seam end to end: the model and a training step run on a backend whose memory is
+// tagged as a device's (ReferenceBackend(Device::Cuda): host values, device tags). Every op checks
+// that its operands are in its backend's memory, so these runs prove model and train code hand the
+// ops backend memory only — weights uploaded by upload_model, the batch, the loss' rows, targets
+// and statistics, gradients — and cross to the host only through upload/download, which is what a
+// CUDA backend needs. The numbers must equal the same run on the host reference backend bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "backend/reference_backend.h"
+#include "core/error.h"
+#include "model/backward.h"
+#include "model/gemma.h"
+#include "model/lora.h"
+#include "store/load.h"
+#include "test_util.h"
+
+using namespace meshtune;
+using meshtune::testing::fixture;
+
+namespace {
+
+GemmaModel gemma2_tiny() { return load_model(inspect_model_dir(fixture("keras/preset-gemma2-tiny"))); }
+
+// A [2, 6] batch with two padding tokens at the end of row 1 (weight 0 there).
+struct SmallBatch {
+  int64_t B = 2, T = 6;
+  std::vector<int32_t> ids, targets;
+  std::vector<uint8_t> mask;
+  std::vector<float> weights;
+  explicit SmallBatch(int64_t vocab) {
+    for (int64_t m = 0; m < B * T; ++m) {
+      ids.push_back(int32_t((m * 37 + 11) % vocab));
+      targets.push_back(int32_t((m * 53 + 7) % vocab));
+      const bool pad = m >= B * T - 2;
+      mask.push_back(pad ? 0 : 1);
+      weights.push_back(pad ? 0.f : 1.f + 0.25f * float(m % 3));
+    }
+  }
+  TokenBatch view() const { return {B, T, ids.data(), mask.data(), targets.data(), weights.data()}; }
+};
+
+std::vector<float> download(Backend& backend, const FloatBuffer& values) {
+  std::vector<float> host(values.size());
+  backend.download(values, host);
+  return host;
+}
+
+// The logits of the batch's tokens under `model` (uploaded to `backend` first), on the host.
+std::vector<float> logits_on(Backend& backend, const GemmaModel& host_model, const SmallBatch& batch) {
+  const GemmaModel model = upload_model(host_model, backend);
+  const Context ctx{backend};
+  const GemmaConfig& c = model.config;
+  KVCache cache(c, batch.B, batch.T, backend);
+  cache.set_key_valid(backend, batch.mask);
+  const FloatBuffer hidden = backbone_forward(ctx, model, batch.ids.data(), batch.B, batch.T, 0, cache);
+  FloatBuffer logits;
+  backend.resize(logits, size_t(batch.B * batch.T * c.vocab_size));
+  lm_head(ctx, model, hidden, batch.B * batch.T, logits);
+  return download(backend, logits);
+}
+
+// One LoRA training pass with full-fine-tuning gradients of the embedding and two norm scales as
+// well: the loss sums and every gradient, on the host.
+struct StepResult {
+  LossSums sums;
+  std::vector<std::vector<float>> gradients;
+};
+StepResult step_on(Backend& backend, const GemmaModel& host_model, const SmallBatch& batch) {
+  GemmaModel model = upload_model(host_model, backend);
+  const GemmaConfig& c = model.config;
+  const LoraWeights lora = enable_lora(c, 2, {Slot::Query, Slot::Value, Slot::FfwLinear}, 5);
+  LoraWeights trained = lora;
+  for (LoraAdapter& a : trained.adapters)  // B = 0 gives no gradient to A: make both nonzero
+    for (size_t i = 0; i < a.b.size(); ++i) a.b[i] = 0.01f * float(int(i % 7) - 3);
+  LoraTensors tensors(backend, trained);
+  attach_lora(model, trained, tensors, c);
+  FloatBuffer d_embeddings, d_final_norm, d_pre_attention_norm;
+  backend.resize_zeroed(d_embeddings, size_t(c.vocab_size * c.hidden_dim));
+  backend.resize_zeroed(d_final_norm, size_t(c.hidden_dim));
+  backend.resize_zeroed(d_pre_attention_norm, size_t(c.hidden_dim));
+  ModelGradients grads;
+  grads.layers.resize(size_t(c.num_layers));
+  grads.embeddings = d_embeddings.data();
+  grads.final_norm = d_final_norm.data();
+  grads.layers[0].pre_attention_norm = d_pre_attention_norm.data();
+  StepResult r;
+  r.sums = forward_backward(Context{backend}, model, batch.view(), 1.0 / double(batch.B * batch.T), &grads);
+  for (const FloatBuffer* g : {&d_embeddings, &d_final_norm, &d_pre_attention_norm})
+    r.gradients.push_back(download(backend, *g));
+  for (size_t i = 0; i < tensors.a.size(); ++i) {
+    r.gradients.push_back(download(backend, tensors.grad_a[i]));
+    r.gradients.push_back(download(backend, tensors.grad_b[i]));
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST(DeviceMemory, UploadModelPutsEveryWeightInTheBackendsMemory) {
+  const GemmaModel host = gemma2_tiny();
+  ReferenceBackend device(Device::Cuda);
+  const GemmaModel on_device = upload_model(host, device);
+  for (const VariableSpec& spec : gemma_variables(host.config)) {
+    if (const WeightMatrix* w = on_device.matrix(spec.slot, spec.layer)) {
+      const WeightMatrix& h = *host.matrix(spec.slot, spec.layer);
+      EXPECT_EQ(w->device, Device::Cuda) << spec.keras_path;
+      EXPECT_NE(w->data, h.data) << spec.keras_path;
+      EXPECT_EQ(std::memcmp(w->data, h.data, h.nbytes()), 0) << spec.keras_path;
+    } else {
+      const WeightVector& v = *on_device.vector(spec.slot, spec.layer);
+      EXPECT_EQ(v.device(), Device::Cuda) << spec.keras_path;
+      EXPECT_NE(v.data(), host.vector(spec.slot, spec.layer)->data()) << spec.keras_path;
+    }
+  }
+  // A host backend computes on the host weights themselves: nothing is copied.
+  ReferenceBackend reference;
+  const GemmaModel same = upload_model(host, reference);
+  EXPECT_EQ(same.embeddings.data, host.embeddings.data);
+  EXPECT_EQ(same.final_norm.data(), host.final_norm.data());
+  // Host code reading a device vector is an Error, not a wrong read.
+  EXPECT_THROW(on_device.final_norm.to_f32(), Error);
+}
+
+TEST(DeviceMemory, HostWeightsOnADeviceBackendAreOneError) {
+  const GemmaModel host = gemma2_tiny();
+  ReferenceBackend device(Device::Cuda);
+  const SmallBatch batch(host.config.vocab_size);
+  KVCache cache(host.config, batch.B, batch.T, device);
+  try {
+    backbone_forward(Context{device}, host, batch.ids.data(), batch.B, batch.T, 0, cache);
+    FAIL() << "a host model ran on a device backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is in host memory, the backend computes in cuda memory"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DeviceMemory, ForwardOnDeviceMemoryEqualsTheHost) {
+  const GemmaModel host = gemma2_tiny();
+  const SmallBatch batch(host.config.vocab_size);
+  ReferenceBackend reference, device(Device::Cuda);
+  EXPECT_EQ(logits_on(device, host, batch), logits_on(reference, host, batch));
+  // int8 weights (codes and their per-row scales) cross too.
+  GemmaModel int8 = host;
+  for (const VariableSpec& spec : gemma_variables(host.config))
+    if (WeightMatrix* w = int8.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
+  EXPECT_EQ(logits_on(device, int8, batch), logits_on(reference, int8, batch));
+}
+
+TEST(DeviceMemory, TrainingPassOnDeviceMemoryEqualsTheHost) {
+  const GemmaModel host = gemma2_tiny();
+  const SmallBatch batch(host.config.vocab_size);
+  ReferenceBackend reference, device(Device::Cuda);
+  const StepResult want = step_on(reference, host, batch), got = step_on(device, host, batch);
+  EXPECT_EQ(got.sums.weighted_ce, want.sums.weighted_ce);
+  EXPECT_EQ(got.sums.weighted_correct, want.sums.weighted_correct);
+  EXPECT_EQ(got.sums.weight, want.sums.weight);
+  EXPECT_GT(want.sums.weighted_ce, 0);
+  ASSERT_EQ(got.gradients.size(), want.gradients.size());
+  for (size_t i = 0; i < want.gradients.size(); ++i) {
+    EXPECT_EQ(got.gradients[i], want.gradients[i]) << "gradient " << i;
+    double norm = 0;
+    for (float g : want.gradients[i]) norm += double(g) * g;
+    EXPECT_GT(norm, 0) << "gradient " << i << " is zero: the comparison would not see a difference";
+  }
+}
