@@ -11,11 +11,13 @@
 
 #include "backend/reference_backend.h"
 #include "core/error.h"
+#include "generate/generate.h"
 #include "model/backward.h"
 #include "model/gemma.h"
 #include "model/lora.h"
 #include "store/load.h"
 #include "test_util.h"
+#include "train/trainer.h"
 
 using namespace meshtune;
 using meshtune::testing::fixture;
@@ -166,4 +168,71 @@ TEST(DeviceMemory, TrainingPassOnDeviceMemoryEqualsTheHost) {
     for (float g : want.gradients[i]) norm += double(g) * g;
     EXPECT_GT(norm, 0) << "gradient " << i << " is zero: the comparison would not see a difference";
   }
+}
+
+namespace {
+
+Batch as_batch(const SmallBatch& s) {
+  Batch b;
+  b.batch_size = s.B;
+  b.seq_len = s.T;
+  b.token_ids = s.ids;
+  b.padding_mask = s.mask;
+  b.targets = s.targets;
+  b.sample_weight = s.weights;
+  return b;
+}
+
+// Three optimizer steps of the Trainer (LoRA, or every weight): each step's loss, then the trained
+// values (the adapters', or the final norm's), on the host.
+std::vector<std::vector<float>> fit_on(Backend& backend, const GemmaModel& host_model, const SmallBatch& batch,
+                                       bool lora) {
+  std::optional<LoraWeights> adapters;
+  if (lora) adapters = enable_lora(host_model.config, 2, {Slot::Query, Slot::Value}, 3);
+  FitOptions options;
+  options.adamw.learning_rate = 1e-2;
+  Trainer trainer(backend, MatmulPrecision::F32, upload_model(host_model, backend), adapters, options);
+  std::vector<std::vector<float>> out(1);
+  for (int step = 0; step < 3; ++step) out[0].push_back(float(trainer.train_step(as_batch(batch), 1e-2).weighted_ce));
+  if (lora) {
+    for (const LoraAdapter& a : trainer.lora()->adapters) out.push_back(a.a), out.push_back(a.b);
+  } else {
+    for (Parameter& p : trainer.parameters()) {
+      std::vector<float> values(p.size);
+      backend.download(p.value, values);
+      out.push_back(values);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(DeviceMemory, TrainerStepsOnDeviceMemoryEqualTheHost) {
+  const GemmaModel host = gemma2_tiny();
+  const SmallBatch batch(host.config.vocab_size);
+  for (bool lora : {true, false}) {
+    ReferenceBackend reference, device(Device::Cuda);
+    const auto want = fit_on(reference, host, batch, lora), got = fit_on(device, host, batch, lora);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_NE(want[0][0], want[0][2]) << "the loss did not move";
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << (lora ? "LoRA " : "full ") << i;
+  }
+}
+
+// Greedy generation (prefill, the KV cache's decode steps, the sampled logits brought back).
+TEST(DeviceMemory, GenerationOnDeviceMemoryEqualsTheHost) {
+  const GemmaModel host = gemma2_tiny();
+  const int V = int(host.config.vocab_size);
+  const std::vector<std::vector<int32_t>> ids = {{2, 5 % V, 9 % V, 0, 0, 0, 0, 0}, {2, 7 % V, 0, 0, 0, 0, 0, 0}};
+  const std::vector<std::vector<uint8_t>> mask = {{1, 1, 1, 0, 0, 0, 0, 0}, {1, 1, 0, 0, 0, 0, 0, 0}};
+  GenerateOptions options;
+  options.max_length = 8;
+  options.sampler.name = "greedy";
+  ReferenceBackend reference, device(Device::Cuda);
+  const GeneratedIds want = generate_ids(Context{reference}, upload_model(host, reference), ids, mask, options);
+  const GeneratedIds got = generate_ids(Context{device}, upload_model(host, device), ids, mask, options);
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.padding_mask, want.padding_mask);
+  EXPECT_TRUE(want.padding_mask[1][7]) << "nothing was generated";  // (a generated id may be 0)
 }

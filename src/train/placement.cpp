@@ -28,6 +28,39 @@ static SlotRef slot_ref(GemmaModel& m, ModelGradients& g, const VariableSpec& sp
   return {v->values(), v->size(), &grad};
 }
 
+// Full fine-tuning's working copy of variable `spec`: writable fp32 values of its own in the
+// backend's memory (host weights are converted and uploaded; weights already there are copied, or
+// widened from bf16, by the backend), so training never writes into the weights it was given.
+static void make_trainable_copy(Backend& b, GemmaModel& m, const VariableSpec& spec) {
+  auto values = std::make_shared<FloatBuffer>();
+  WeightMatrix* w = m.matrix(spec.slot, spec.layer);
+  WeightVector* v = m.vector(spec.slot, spec.layer);
+  const size_t n = w ? size_t(w->rows * w->cols) : v->size();
+  b.resize(*values, n);
+  if ((w ? w->device : v->device()) != b.device()) {
+    b.upload(variable_values(m, spec), *values);
+  } else if (v) {
+    b.copy(*v, int64_t(n), *values);
+  } else if (w->dtype == DType::F32) {
+    b.copy(ConstFloats(w->f32(), n, w->device), int64_t(n), *values);
+  } else {
+    check(w->dtype == DType::BF16, spec.keras_path, ": int8 weights are frozen: train them with LoRA");
+    b.widen_bf16(Span<const uint16_t>(w->bf16(), n, w->device), int64_t(n), *values);
+  }
+  if (v) {
+    *v = WeightVector(std::move(values));
+    return;
+  }
+  WeightMatrix trainable = *w;
+  trainable.dtype = DType::F32;
+  trainable.data = values->data();
+  trainable.owner = values;
+  trainable.mapped = false;
+  trainable.scales = nullptr;
+  trainable.device = b.device();
+  *w = trainable;
+}
+
 Floats Trainer::gradient_storage(size_t i, size_t size, float** backward_hook) {
   FloatBuffer& grad = grad_storage_[i];
   backend_->resize_zeroed(grad, size);
@@ -63,7 +96,7 @@ Trainer::Trainer(Backend& backend, MatmulPrecision precision, GemmaModel base, s
     const auto specs = gemma_variables(c);
     grad_storage_.resize(specs.size());
     for (size_t i = 0; i < specs.size(); ++i) {
-      if (!dist_.mesh) set_variable(model_, specs[i], variable_values(model_, specs[i]));
+      if (!dist_.mesh) make_trainable_copy(backend, model_, specs[i]);
       params_.push_back({specs[i].keras_path, short_name(specs[i].keras_path), specs[i].hf_shape, {}, {},
                          size_t(num_elements(specs[i].hf_shape))});
       if (dist_.mesh) continue;

@@ -6,7 +6,6 @@
 // match (per 16 columns: the 8 even, then the 8 odd). Columns past the last whole 16 are summed in
 // scalar code (AVX2 has no 16-bit masked loads).
 #include <immintrin.h>
-#include <omp.h>
 
 #include "backend/cpu/isa/gemv.h"
 
@@ -80,22 +79,13 @@ template <int M, typename T>
 void few_rows(const float* xv, int64_t ldx, const float* x, const T* w, int64_t rows, int64_t cols, int64_t full,
               float* y) {
   constexpr int R = kRowBlock<M>;
-  const int64_t blocks = (rows + R - 1) / R;
-#pragma omp parallel
-  {
-    int64_t b0, b1;
-    thread_share(blocks, omp_get_thread_num(), omp_get_num_threads(), b0, b1);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r = b * R, left = rows - r < R ? rows - r : R;
-      const bool prefetch = b + 1 < b1 && rows - r >= 2 * R;  // the next block is this thread's and full
-      if (left == R) {
-        dot_block<M, R>(xv, ldx, x, w + r * cols, cols, full, y + r, rows, prefetch);
-      } else {
-        for (int64_t i = 0; i < left; ++i)
-          dot_block<M, 1>(xv, ldx, x, w + (r + i) * cols, cols, full, y + r + i, rows, false);
-      }
+  for_each_row_block(rows, R, [&](int64_t r, int64_t n, bool prefetch) {
+    if (n == R) {
+      dot_block<M, R>(xv, ldx, x, w + r * cols, cols, full, y + r, rows, prefetch);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dot_block<M, 1>(xv, ldx, x, w + (r + i) * cols, cols, full, y + r + i, rows, false);
     }
-  }
+  });
 }
 
 template <typename T>

@@ -14,7 +14,6 @@
 //    in-lane ops). x is rearranged once per call to match (per 32-column chunk: the 16 even columns,
 //    then the 16 odd ones), so every product is exact in fp32 as before, only summed in another order.
 #include <immintrin.h>
-#include <omp.h>
 
 #include "backend/cpu/isa/gemv.h"
 
@@ -103,22 +102,14 @@ inline void dot_block(const float* xs, int64_t kpad, const T* w, int64_t cols, f
 
 template <int M, typename T>
 void few_rows(const float* xs, int64_t kpad, const T* w, int64_t rows, int64_t cols, float* y) {
-  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel
-  {
-    int64_t b0, b1;
-    thread_share(blocks, omp_get_thread_num(), omp_get_num_threads(), b0, b1);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r = b * kRowBlock;
-      const bool prefetch = b + 1 < b1 && rows - r >= 2 * kRowBlock;  // the next block is this thread's and full
-      switch (rows - r < kRowBlock ? rows - r : kRowBlock) {
-        case 4: dot_block<M, 4>(xs, kpad, w + r * cols, cols, y + r, rows, prefetch); break;
-        case 3: dot_block<M, 3>(xs, kpad, w + r * cols, cols, y + r, rows, false); break;
-        case 2: dot_block<M, 2>(xs, kpad, w + r * cols, cols, y + r, rows, false); break;
-        default: dot_block<M, 1>(xs, kpad, w + r * cols, cols, y + r, rows, false); break;
-      }
+  for_each_row_block(rows, kRowBlock, [&](int64_t r, int64_t n, bool prefetch) {
+    switch (n) {
+      case 4: dot_block<M, 4>(xs, kpad, w + r * cols, cols, y + r, rows, prefetch); break;
+      case 3: dot_block<M, 3>(xs, kpad, w + r * cols, cols, y + r, rows, false); break;
+      case 2: dot_block<M, 2>(xs, kpad, w + r * cols, cols, y + r, rows, false); break;
+      default: dot_block<M, 1>(xs, kpad, w + r * cols, cols, y + r, rows, false); break;
     }
-  }
+  });
 }
 
 template <typename T>

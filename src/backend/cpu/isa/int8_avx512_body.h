@@ -6,7 +6,6 @@
 // block prefetches the next one into L2.
 #pragma once
 #include <immintrin.h>
-#include <omp.h>
 
 #include "backend/cpu/isa/gemv.h"
 #include "backend/cpu/isa/int8_dot.h"
@@ -64,23 +63,15 @@ void row_block(const int8_t* x, int64_t M, const float* xs, const int8_t* w, con
 template <bool kVnni>
 void dot_int8(const int8_t* x, int64_t M, const float* x_scales, const int8_t* w, const float* w_scales, int64_t rows,
               int64_t cols, float* y) {
-  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel
-  {
-    int64_t b0, b1;
-    thread_share(blocks, omp_get_thread_num(), omp_get_num_threads(), b0, b1);
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t r = b * kRowBlock;
-      const bool prefetch = b + 1 < b1 && rows - r >= 2 * kRowBlock;  // the next block is this thread's and full
-      const int8_t* wb = w + r * cols;
-      switch (rows - r < kRowBlock ? rows - r : kRowBlock) {
-        case 4: row_block<kVnni, 4>(x, M, x_scales, wb, w_scales + r, rows, cols, y + r, prefetch); break;
-        case 3: row_block<kVnni, 3>(x, M, x_scales, wb, w_scales + r, rows, cols, y + r, false); break;
-        case 2: row_block<kVnni, 2>(x, M, x_scales, wb, w_scales + r, rows, cols, y + r, false); break;
-        default: row_block<kVnni, 1>(x, M, x_scales, wb, w_scales + r, rows, cols, y + r, false); break;
-      }
+  for_each_row_block(rows, kRowBlock, [&](int64_t r, int64_t n, bool prefetch) {
+    const int8_t* wb = w + r * cols;
+    switch (n) {
+      case 4: row_block<kVnni, 4>(x, M, x_scales, wb, w_scales + r, rows, cols, y + r, prefetch); break;
+      case 3: row_block<kVnni, 3>(x, M, x_scales, wb, w_scales + r, rows, cols, y + r, false); break;
+      case 2: row_block<kVnni, 2>(x, M, x_scales, wb, w_scales + r, rows, cols, y + r, false); break;
+      default: row_block<kVnni, 1>(x, M, x_scales, wb, w_scales + r, rows, cols, y + r, false); break;
     }
-  }
+  });
 }
 
 }  // namespace
