@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda_devices.h"
 #include "io/npy.h"
 #include "test_util.h"
 
@@ -355,4 +356,26 @@ TEST(Cli, ParseErrorsAndThreadCountsAreOneLineErrors) {
   EXPECT_NE(run_meshtune("--threads 4096 info --system").err.find("--threads must be between 1 and"), std::string::npos);
   EXPECT_EQ(run_meshtune("--threads 2 info --system").exit_code, 0);
   EXPECT_EQ(run_meshtune("--help").exit_code, 0);
+}
+
+// --device cuda on a machine without a usable GPU (this one; or a build without the CUDA backend):
+// one line naming the flag and the reason, exit 1, for generate and finetune alike; and
+// the GPU section of `info --system` says why there is none. (On a GPU machine the GPU tests,
+// ctest -L gpu, cover the other side.)
+TEST(Cli, DeviceCudaWithoutAGpuIsOneLine) {
+  if (!cuda_system().gpus.empty()) GTEST_SKIP() << "this machine has a GPU";
+  const std::string model = fixture("keras/preset-gemma-tiny");
+  for (const std::string& args : {"generate " + model + " --prompt hi --device cuda",
+                                   "finetune " + model + " --data sample --steps 1 --device cuda --out " +
+                                       (std::filesystem::temp_directory_path() / "meshtune-test-device-cuda").string()}) {
+    const CommandResult r = run_meshtune(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_EQ(r.err.rfind("meshtune: error: --device cuda: ", 0), 0u) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+  const CommandResult bad = run_meshtune("generate " + model + " --prompt hi --device tpu");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--device"), std::string::npos) << bad.err;
+  const CommandResult info = run_meshtune("info --system");
+  EXPECT_NE(info.out.find("GPUs: none usable ("), std::string::npos) << info.out;
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "backend/cpu_backend.h"
+#include "backend/cuda_devices.h"
 #include "backend/reference_backend.h"
 #include "core/error.h"
 #include "core/memory.h"
@@ -61,15 +62,24 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
         "dtype policy (--dtype-policy) must be float32, mixed_bfloat16 or bfloat16, got '", options.dtype_policy, "'");
   check(options.quantize.empty() || options.quantize == "int8", "quantize (--quantize) must be int8, got '",
         options.quantize, "'");
-  check(options.backend == "cpu" || options.backend == "reference", "backend must be cpu or reference, got '",
-        options.backend, "'");
+  check(options.backend == "cpu" || options.backend == "cuda" || options.backend == "reference",
+        "device (--device) must be cpu or cuda, got '", options.backend, "'");
   GemmaCausalLM lm;
   lm.options_ = options;
-  if (options.backend == "reference") lm.backend_ = std::make_unique<ReferenceBackend>();
-  else lm.backend_ = std::make_unique<CpuBackend>();
+  if (options.backend == "cuda") {
+    check(options.quantize.empty(), "--quantize int8 with --device cuda: the CUDA backend does not compute with int8 "
+          "weights yet (use --device cpu, or bf16 weights on the GPU)");
+    lm.backend_ = make_cuda_backend();
+  } else if (options.backend == "reference") {
+    lm.backend_ = std::make_unique<ReferenceBackend>();
+  } else {
+    lm.backend_ = std::make_unique<CpuBackend>();
+  }
   lm.dir_ = inspect_model_dir(resolve_model_path(preset, options.models_dir));
   lm.sequence_length_ = lm.dir_.sequence_length;
   lm.mesh_ = options.distribution.make_mesh();
+  check(!lm.mesh_ || lm.backend_->device() == Device::Host, "--device cuda with a mesh or several processes: meshes "
+        "of GPUs need the NCCL communicator, which is not built yet (one GPU in one process, or --device cpu)");
   LoadOptions load;
   if (lm.mesh_) {
     // The layout and the tensor-parallel plan first: a bad layout fails before the weights are read.
@@ -258,14 +268,33 @@ GemmaModel GemmaCausalLM::inference_model() const {
     }
     return merge_lora_parts(m, *adapter, config_, plan_);
   }
-  if (!adapter) return model_;
+  if (!adapter) return on_backend(model_);
   GemmaModel m = model_;
   if (m.has_int8()) attach_lora(m, *adapter, config_);
   else m = merge_lora(m, *adapter);
-  return m;
+  return on_backend(m);
+}
+
+GemmaModel GemmaCausalLM::on_backend(const GemmaModel& host) const {
+  if (backend_->device() == Device::Host) return host;
+  std::vector<const void*> from = {host.embeddings.data};
+  for (const auto& spec : gemma_variables(host.config))
+    if (const WeightMatrix* w = const_cast<GemmaModel&>(host).matrix(spec.slot, spec.layer)) from.push_back(w->data);
+  if (!uploaded_ || from != uploaded_from_) {
+    uploaded_.reset();  // the old copy's device memory first
+    uploaded_ = upload_model(host, *backend_);
+    uploaded_from_ = std::move(from);
+  }
+  return *uploaded_;
 }
 
 GemmaModel GemmaCausalLM::current_model() const {
+  if (trainer_ && backend_->device() != Device::Host) {
+    // The trainer's weights are device memory; the host keeps the base it was given.
+    check(lora_ || trainer_->lora(), "writing a model fine-tuned in every weight on ", backend_->name(),
+          " is not supported yet (LoRA adapters are: save_lora_weights, or export with LoRA merged)");
+    return merge_lora(model_, *trainer_->lora());
+  }
   if (trainer_) return trainer_->current_model();
   GemmaModel m = mesh_ ? ShardedModel(model_, distribution_.layout, *mesh_, plan_).materialize() : model_;
   if (attached_) {  // low-rank terms over int8 weights: writing the model merges (and re-quantizes)
@@ -472,9 +501,17 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
     fit.adamw.global_clipnorm = compiled_->global_clipnorm;
     sharded_.reset();  // generate's view of the weights: the trainer makes its own
     const size_t one_device_bytes = size_t(config_.num_parameters()) * (model_.embeddings.dtype == DType::BF16 ? 2 : 4);
-    trainer_ = std::make_unique<Trainer>(*backend_, precision_, std::move(model_), lora_, fit, distribution_);
-    model_ = GemmaModel{};
-    model_.config = config_;
+    if (backend_->device() != Device::Host) {
+      // The trainer computes with the weights in the device's memory; the host copy stays the base
+      // that export merges the trained adapter into (current_model).
+      trainer_ = std::make_unique<Trainer>(*backend_, precision_, on_backend(model_), lora_, fit, distribution_);
+      uploaded_.reset();
+      uploaded_from_.clear();
+    } else {
+      trainer_ = std::make_unique<Trainer>(*backend_, precision_, std::move(model_), lora_, fit, distribution_);
+      model_ = GemmaModel{};
+      model_.config = config_;
+    }
     lora_.reset();  // the trainer's copy is the one that trains
     if (mesh_) notes() << "meshtune: " << trainer_->plan_summary() << "\n";
     // What sharding saves, from our tables and from the allocator.

@@ -44,7 +44,8 @@ struct PresetOptions {
   bool need_tokenizer = true;         // false: load without one (token-id data, logits)
   DistributionOptions distribution;   // a mesh and layout (keras.distribution); empty = one process
   std::ostream* notes = nullptr;      // where one-line notes go (nullptr: std::cerr); rank 0 only
-  std::string backend = "cpu";        // cpu | reference (the plain-loop oracle: slow, for checking)
+  std::string backend = "cpu";        // cpu | cuda (--device: an NVIDIA GPU, one per process) |
+                                      // reference (the plain-loop oracle: slow, for checking)
 };
 
 struct LoraOptions {
@@ -221,6 +222,11 @@ class GemmaCausalLM {
   // generate needed the compute model), then the trainer's.
   GemmaModel model_;
   mutable std::unique_ptr<ShardedModel> sharded_;  // made on first use by inference_model (a cache)
+  // A device backend's copy of the model inference last used, and the host matrices it was made
+  // from (uploaded again when they change: another adapter merged, weights replaced).
+  mutable std::optional<GemmaModel> uploaded_;
+  mutable std::vector<const void*> uploaded_from_;
+  GemmaModel on_backend(const GemmaModel& host) const;
   std::unique_ptr<LoraWeights> attached_;  // an adapter loaded with the preset kept as low-rank terms (int8 base)
   bool base_rounded_to_bf16_ = false;      // the policy stored the matrices as bf16 at load
   std::optional<LoraWeights> lora_;        // enabled for training

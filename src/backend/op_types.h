@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/scalar_math.h"
 
 namespace meshtune {
 
@@ -44,8 +45,8 @@ struct LowRankTerm {
   float* grad_b = nullptr;
   Device device = Device::Host;  // where a, b and the gradients are
 
-  bool active() const { return rank > 0; }
-  int64_t out() const { return groups * out_per_group; }
+  MESHTUNE_HOST_DEVICE bool active() const { return rank > 0; }
+  MESHTUNE_HOST_DEVICE int64_t out() const { return groups * out_per_group; }
 };
 
 // The per-step scalars, already cast to fp32 as Keras casts them.
@@ -57,6 +58,26 @@ struct AdamWStep {
   float alpha = 0;          // lr·√(1 − β₂ᵗ)/(1 − β₁ᵗ)
   float epsilon = 0;
 };
+
+// Keras' AdamW update of one value, each operation rounded to fp32 in Keras' order (the reference
+// and CUDA backends run this very function; the CPU's vector loop does the same operations).
+MESHTUNE_HOST_DEVICE inline void adamw_update_one(float& theta, float grad, float& m, float& v, const AdamWStep& step) {
+  if (step.decay) {
+    const float decay = theta * step.weight_decay;
+    const float change = decay * step.learning_rate;
+    theta = theta - change;
+  }
+  const float dm = grad - m;
+  const float dm_scaled = dm * step.one_minus_beta_1;
+  m = m + dm_scaled;
+  const float g2 = grad * grad;
+  const float dv = g2 - v;
+  const float dv_scaled = dv * step.one_minus_beta_2;
+  v = v + dv_scaled;
+  const float numerator = m * step.alpha;
+  const float denominator = ::sqrtf(v) + step.epsilon;
+  theta = theta - numerator / denominator;
+}
 
 // The chunked softmax cross-entropy's statistics for the n rows of a chunk (backend.h softmax_*),
 // in the backend's memory; the buffers are sized by the ops and reused from chunk to chunk.

@@ -423,24 +423,7 @@ void ReferenceBackend::widen_bf16_impl(const uint16_t* src, int64_t n, float* ds
 
 void ReferenceBackend::adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
                                          const AdamWStep& step) {
-  for (int64_t i = 0; i < n; ++i) {
-    if (step.decay) {
-      const float decay = theta[i] * step.weight_decay;
-      const float change = decay * step.learning_rate;
-      theta[i] = theta[i] - change;
-    }
-    const float g = grad[i];
-    const float dm = g - m[i];
-    const float dm_scaled = dm * step.one_minus_beta_1;
-    m[i] = m[i] + dm_scaled;
-    const float g2 = g * g;
-    const float dv = g2 - v[i];
-    const float dv_scaled = dv * step.one_minus_beta_2;
-    v[i] = v[i] + dv_scaled;
-    const float numerator = m[i] * step.alpha;
-    const float denominator = std::sqrt(v[i]) + step.epsilon;
-    theta[i] = theta[i] - numerator / denominator;
-  }
+  for (int64_t i = 0; i < n; ++i) adamw_update_one(theta[i], grad[i], m[i], v[i], step);
 }
 
 double ReferenceBackend::sum_of_squares_impl(const float* x, int64_t n) {

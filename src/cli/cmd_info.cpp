@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "backend/cpu_backend.h"
+#include "backend/cuda_devices.h"
 #include "cli/commands.h"
 #include "cli/mesh_options.h"
 #include "core/error.h"
@@ -125,9 +126,26 @@ static void print_layout(const api::GemmaCausalLM& lm, const std::vector<api::Va
   for (const auto& w : warnings) std::cerr << "meshtune: " << w << "\n";
 }
 
+// The GPUs --device cuda can use, or why there are none.
+static std::vector<std::string> gpu_report() {
+  const CudaSystem system = cuda_system();
+  auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  std::vector<std::string> lines;
+  if (!system.built) return {"GPUs: none usable (" + system.unavailable + ")"};
+  lines.push_back("CUDA: runtime " + version(system.runtime_version) + ", driver " +
+                  (system.driver_version ? version(system.driver_version) : std::string("none")));
+  if (!system.unavailable.empty()) lines.push_back("GPUs: none usable (" + system.unavailable + ")");
+  for (const GpuInfo& gpu : system.gpus)
+    lines.push_back("GPU " + std::to_string(gpu.index) + ": " + gpu.name + ", " +
+                    std::to_string(gpu.memory_bytes >> 20) + " MiB, compute capability " + std::to_string(gpu.major) +
+                    "." + std::to_string(gpu.minor));
+  return lines;
+}
+
 static int run_info(const Options& o) {
   if (o.system) {
     for (const std::string& line : CpuBackend().report()) std::cout << line << "\n";
+    for (const std::string& line : gpu_report()) std::cout << line << "\n";
     if (o.model.model.empty()) return 0;
     std::cout << "\n";
   }

@@ -18,6 +18,7 @@ struct ModelOptions {
   std::string quantize;    // "int8": quantize the matrices at load (Keras' formula); "" = as stored
   // Keras' dtype policy: float32, mixed_bfloat16 or bfloat16 (bf16 matmul inputs, fp32 sums).
   std::string dtype_policy = "float32";
+  std::string device = "cpu";  // cpu | cuda
   void add_to(CLI::App& app, bool with_lora = true, bool required = true);
   void add_dtype_policy(CLI::App& app);
   api::PresetOptions preset() const;  // what GemmaCausalLM::from_preset takes

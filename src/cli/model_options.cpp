@@ -12,6 +12,10 @@ void ModelOptions::add_to(CLI::App& app, bool with_lora, bool required) {
   app.add_option("--quantize", quantize,
                  "Quantize the weights at load as Keras' model.quantize(MODE) does; MODE: int8")
       ->check(CLI::IsMember({"int8"}));
+  app.add_option("--device", device,
+                 "Where to compute: cpu (default) or cuda (an NVIDIA GPU; under mpirun, the GPU of each process' "
+                 "local rank)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 }
 
 void ModelOptions::add_dtype_policy(CLI::App& app) {
@@ -28,6 +32,7 @@ api::PresetOptions ModelOptions::preset() const {
   p.quantize = quantize;
   p.fp32_weights = fp32_weights;
   p.lora = lora;
+  p.backend = device;
   return p;
 }
 

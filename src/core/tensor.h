@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "core/scalar_math.h"
+
 namespace meshtune {
 
 enum class DType { F32, BF16, F16, I32, I64, I8, U8, BOOL };
@@ -47,22 +49,6 @@ using TensorSource = std::function<HostTensor(size_t index)>;
 // Throws Error (naming `where` and the tensor) when a source's tensor differs from its declaration.
 void check_declared(const HostTensor& t, const TensorSpec& spec, const std::string& where);
 
-// bfloat16 <-> float32. bf16 is the top half of an fp32; conversion to bf16 rounds to nearest even.
-inline float bf16_to_f32(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-// f rounded to the nearest bf16 value (as an fp32): what a bf16 matmul input holds.
-inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 float f16_to_f32(uint16_t h);
 
 // Converts any floating tensor (F32/BF16/F16) to a contiguous float vector.

@@ -340,7 +340,8 @@ const GemmaModel& Trainer::training_model() {
 
 GemmaModel Trainer::inference_model() {
   // Over an int8 base the adapters stay low-rank terms, as in Keras (merging would re-quantize).
-  if (lora_ && int8_base_) return training_model();
+  // So do they on a device backend: merging reads the weights on the host.
+  if (lora_ && (int8_base_ || backend_->device() != Device::Host)) return training_model();
   if (!dist_.mesh) return current_model();
   if (!lora_) return model_;  // the working copies (this process' parts under tensor parallelism)
   return merge_lora_parts(frozen_.compute_model(/*by_layer=*/false), *lora(), config_, plan_);

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/scalar_math.h"
+
 
 namespace meshtune {
 
@@ -17,7 +19,7 @@ void rotate(const KernelPath& path, float* x, int64_t tokens, int64_t heads, int
   // Keras computes the inverse frequencies and angles in fp32.
   std::vector<float> inv_freq(half);
   for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = float(1.0 / std::pow(double(base), double(2 * i) / double(head_dim))) / scaling;
+    inv_freq[i] = rope_inverse_frequency(i, head_dim, base, scaling);
 #pragma omp parallel for schedule(static) if (tokens * heads * head_dim > 65536)
   for (int64_t t = 0; t < tokens; ++t) {
     std::vector<float> cos_t(half), sin_t(half);

@@ -1,0 +1,639 @@
+// The CUDA backend's ops other than the matrix products (cuda_backend.cu): normalization, RoPE,
+// attention, activations, the chunked cross-entropy, data movement, the optimizer and the
+// reductions of clipping. Each kernel is the reference backend's loop (reference_backend.cpp)
+// spread over threads — one thread per output element, or one block per row where a row is
+// reduced — with sums in double where the reference sums in double. Scalar arithmetic that must
+// round exactly as on the CPU (bf16, RoPE's frequencies, AdamW) is core/scalar_math.h's and
+// op_types.h's, the same functions the host backends run.
+#include <cmath>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.cuh"
+
+namespace meshtune {
+
+using cuda::blocks_for;
+using cuda::check_cuda;
+using cuda::check_launch;
+using cuda::kThreads;
+
+namespace {
+
+// Scratch slots of this file (cuda_backend.cu uses 0–3).
+constexpr int kRowScratch = 4;   // per-row values: RMSNorm's 1/rms
+constexpr int kSumScratch = 5;   // partial sums and flags brought back to the host
+
+// Grid-stride loop over [0, n).
+#define FOR_EACH_INDEX(i, n) \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// The sum of `value` over the block (every thread gets it). blockDim.x is a multiple of 32, ≤ 1024.
+__device__ double block_sum(double value) {
+  __shared__ double partial[32];
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  double total = 0;
+  for (int w = 0; w < warps; ++w) total += partial[w];  // in warp order: the same on every run
+  return total;
+}
+
+// The largest `value` over the block (every thread gets it).
+__device__ float block_max(float value) {
+  __shared__ float partial[32];
+  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_down_sync(0xffffffffu, value, offset));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  float best = -INFINITY;
+  for (int w = 0; w < warps; ++w) best = fmaxf(best, partial[w]);
+  return best;
+}
+
+// ---- per-row reductions ----
+
+__global__ void row_abs_max_kernel(const float* x, int64_t cols, float* out) {
+  const float* row = x + blockIdx.x * cols;
+  float m = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, fabsf(row[c]));
+  m = block_max(m);
+  if (threadIdx.x == 0) out[blockIdx.x] = m;
+}
+
+// 1/√(mean(x²) + eps) of the block's row, into inv[row] (and returned to every thread).
+__device__ double row_inverse_rms(const float* xr, int64_t dim, float eps) {
+  double ss = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(xr[i]) * xr[i];
+  ss = block_sum(ss);
+  return 1.0 / sqrt(ss / double(dim) + double(eps));
+}
+
+__global__ void rmsnorm_kernel(const float* x, const float* scale, int64_t dim, float eps, float* y) {
+  const float* xr = x + blockIdx.x * dim;
+  const double inv = row_inverse_rms(xr, dim, eps);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    y[blockIdx.x * dim + i] = float(double(xr[i]) * inv * (1.0 + scale[i]));
+}
+
+// n = x·inv, y = n·(1 + s): dn = dy·(1 + s); dx = inv·(dn − n·mean(dn·n)); inv kept for ∂s.
+__global__ void rmsnorm_backward_kernel(const float* x, const float* scale, int64_t dim, float eps, const float* dy,
+                                        float* dx, double* inv_out) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * dim;
+  const double inv = row_inverse_rms(xr, dim, eps);
+  double dot = 0;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    dot += double(dy[r * dim + i]) * (1.0 + scale[i]) * double(xr[i]) * inv;
+  dot = block_sum(dot);
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const double dn = double(dy[r * dim + i]) * (1.0 + scale[i]);
+    dx[r * dim + i] = float(inv * (dn - double(xr[i]) * inv * dot / double(dim)));
+  }
+  if (threadIdx.x == 0) inv_out[r] = inv;
+}
+
+// ∂s[i] += Σ_r dy·x·inv_r, one thread per column, rows in order.
+__global__ void rmsnorm_scale_grad_kernel(const float* x, const float* dy, const double* inv, int64_t rows,
+                                          int64_t dim, float* dscale) {
+  FOR_EACH_INDEX(i, dim) {
+    float acc = dscale[i];
+    for (int64_t r = 0; r < rows; ++r) acc += float(double(dy[r * dim + i]) * double(x[r * dim + i]) * inv[r]);
+    dscale[i] = acc;
+  }
+}
+
+// ---- RoPE: each head's halves [x1 | x2] rotated by ±θ, θ = position·inverse frequency (fp32) ----
+
+__global__ void rope_kernel(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
+                            float base, float scaling, bool inverse) {
+  const int64_t half = head_dim / 2;
+  FOR_EACH_INDEX(e, tokens * heads * half) {
+    const int64_t i = e % half, th = e / half, t = th / heads;
+    const float angle = float(positions[t]) * rope_inverse_frequency(i, head_dim, base, scaling);
+    const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
+    float* v = x + th * head_dim;
+    const float x1 = v[i], x2 = v[i + half];
+    v[i] = x1 * c - x2 * s;
+    v[i + half] = x2 * c + x1 * s;
+  }
+}
+
+// ---- attention: one block per query (row b, query t, head n) ----
+// The block's scores over the S key slots live in shared memory. Key j is allowed iff it is at or
+// before the query's position, a real token, and inside the window; no allowed key gives p = 0.
+
+struct Query {
+  int64_t b, t, n, kv, pos, qi;
+};
+
+__device__ Query this_query(const AttentionShape& s) {
+  Query q;
+  q.n = blockIdx.x % s.heads;
+  q.t = (blockIdx.x / s.heads) % s.query_len;
+  q.b = blockIdx.x / (s.heads * s.query_len);
+  q.kv = q.n / (s.heads / s.kv_heads);
+  q.pos = s.start + q.t;
+  q.qi = ((q.b * s.query_len + q.t) * s.heads + q.n) * s.head_dim;
+  return q;
+}
+
+__device__ int64_t key_index(const AttentionShape& s, const Query& q, int64_t j) {
+  return ((q.b * s.capacity + j) * s.kv_heads + q.kv) * s.head_dim;
+}
+
+// p[j] = the query's probabilities, capped[j] = its capped scores (0 where not allowed).
+__device__ void query_probabilities(const float* q, const float* k, const uint8_t* key_valid, const AttentionShape& s,
+                                    const Query& qq, float* p, float* capped) {
+  const int64_t S = s.capacity, H = s.head_dim;
+  float local_max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    const bool allowed = j <= qq.pos && key_valid[qq.b * S + j] && (s.window == 0 || qq.pos - s.window < j);
+    p[j] = 0;
+    capped[j] = 0;
+    if (!allowed) continue;
+    const float* kj = k + key_index(s, qq, j);
+    double d = 0;
+    for (int64_t h = 0; h < H; ++h) d += double(q[qq.qi + h]) * kj[h];
+    if (s.soft_cap > 0) d = tanh(d / s.soft_cap) * s.soft_cap;
+    capped[j] = float(d);
+    p[j] = 1;  // marks allowed until the exponentials replace it
+    local_max = fmaxf(local_max, float(d));
+  }
+  const float max = block_max(local_max);
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x)
+    if (p[j] != 0) {
+      const double e = exp(double(capped[j]) - max);
+      p[j] = float(e);
+      sum += e;
+    }
+  sum = block_sum(sum);
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) p[j] = sum > 0 ? float(double(p[j]) / sum) : 0.f;
+  __syncthreads();
+}
+
+__global__ void attention_kernel(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                                 AttentionShape s, float* out) {
+  extern __shared__ float shared[];
+  float *p = shared, *capped = shared + s.capacity;
+  const Query qq = this_query(s);
+  query_probabilities(q, k, key_valid, s, qq, p, capped);
+  for (int64_t h = threadIdx.x; h < s.head_dim; h += blockDim.x) {
+    double acc = 0;
+    for (int64_t j = 0; j < s.capacity; ++j)
+      if (p[j] != 0) acc += double(p[j]) * v[key_index(s, qq, j) + h];
+    out[qq.qi + h] = float(acc);
+  }
+}
+
+// dp_j = dout·v_j; ds_j = p_j·(dp_j − Σ p·dp)·(1 − (capped/cap)²); dq = Σ ds_j·k_j (this block's
+// own), dk_j += ds_j·q and dv_j += p_j·dout (shared by queries: atomic adds into zeroed dk, dv).
+__global__ void attention_backward_kernel(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                                          AttentionShape s, const float* dout, float* dq, float* dk, float* dv) {
+  extern __shared__ float shared[];
+  const int64_t S = s.capacity, H = s.head_dim;
+  float *p = shared, *capped = shared + S, *ds = shared + 2 * S;
+  const Query qq = this_query(s);
+  query_probabilities(q, k, key_valid, s, qq, p, capped);
+  double p_dot_dp = 0;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    ds[j] = 0;
+    if (p[j] == 0) continue;
+    const float* vj = v + key_index(s, qq, j);
+    double dp = 0;
+    for (int64_t h = 0; h < H; ++h) dp += double(dout[qq.qi + h]) * vj[h];
+    ds[j] = float(dp);
+    p_dot_dp += double(p[j]) * dp;
+  }
+  p_dot_dp = block_sum(p_dot_dp);
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    if (p[j] == 0) continue;
+    double d = double(p[j]) * (double(ds[j]) - p_dot_dp);
+    if (s.soft_cap > 0) d *= 1.0 - (double(capped[j]) / s.soft_cap) * (double(capped[j]) / s.soft_cap);
+    ds[j] = float(d);
+  }
+  __syncthreads();
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    double acc = 0;
+    for (int64_t j = 0; j < S; ++j)
+      if (p[j] != 0) acc += double(ds[j]) * k[key_index(s, qq, j) + h];
+    dq[qq.qi + h] = float(acc);
+  }
+  for (int64_t e = threadIdx.x; e < S * H; e += blockDim.x) {
+    const int64_t j = e / H, h = e % H;
+    if (p[j] == 0) continue;
+    atomicAdd(dk + key_index(s, qq, j) + h, ds[j] * q[qq.qi + h]);
+    atomicAdd(dv + key_index(s, qq, j) + h, p[j] * dout[qq.qi + h]);
+  }
+}
+
+// ---- activations ----
+
+__device__ double gelu(double u) { return 0.5 * u * (1.0 + tanh(sqrt(2.0 / M_PI) * (u + 0.044715 * u * u * u))); }
+__device__ double gelu_slope(double u) {
+  const double a = sqrt(2.0 / M_PI) * (u + 0.044715 * u * u * u), th = tanh(a);
+  return 0.5 * (1.0 + th) + 0.5 * u * (1.0 - th * th) * sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * u * u);
+}
+
+__global__ void geglu_kernel(float* gate, const float* up, int64_t n) {
+  FOR_EACH_INDEX(i, n) gate[i] = float(gelu(gate[i]) * up[i]);
+}
+__global__ void geglu_backward_kernel(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
+                                      float* dup) {
+  FOR_EACH_INDEX(i, n) {
+    const double u = gate[i], g = double(dout[i]);
+    const double d_gate = g * up[i] * gelu_slope(u), d_up = g * gelu(u);
+    dgate[i] = float(d_gate);
+    dup[i] = float(d_up);
+  }
+}
+__global__ void soft_cap_kernel(float* x, int64_t n, float cap) {
+  FOR_EACH_INDEX(i, n) x[i] = float(double(cap) * tanh(double(x[i]) / cap));
+}
+__global__ void soft_cap_backward_kernel(const float* y, float* dy, int64_t n, float cap) {
+  FOR_EACH_INDEX(i, n) dy[i] = float(double(dy[i]) * (1.0 - (double(y[i]) / cap) * (double(y[i]) / cap)));
+}
+
+// ---- the chunked softmax cross-entropy (one block per row of the chunk) ----
+
+// Each row's largest logit and its vocabulary index (the first on ties).
+__global__ void softmax_row_max_kernel(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax) {
+  __shared__ int64_t best_index[kThreads];
+  const float* row = z + blockIdx.x * cols;
+  float value = -INFINITY;
+  int64_t index = -1;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    if (index < 0 || row[c] > value) value = row[c], index = c;
+  best_index[threadIdx.x] = index;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t best = -1;
+    for (int t = 0; t < blockDim.x; ++t) {
+      const int64_t c = best_index[t];
+      if (c < 0) continue;
+      if (best < 0 || row[c] > row[best] || (row[c] == row[best] && c < best)) best = c;
+    }
+    max_and_argmax[blockIdx.x] = row[best];
+    max_and_argmax[n + blockIdx.x] = float(v0 + best);
+  }
+}
+
+__global__ void softmax_combine_max_kernel(const float* gathered, int parts, int64_t n, float* max_and_argmax) {
+  FOR_EACH_INDEX(i, n) {
+    float best = 0, index = 0;
+    for (int r = 0; r < parts; ++r) {
+      const float value = gathered[(2 * r) * n + i];
+      if (r == 0 || value > best) best = value, index = gathered[(2 * r + 1) * n + i];
+    }
+    max_and_argmax[i] = best;
+    max_and_argmax[n + i] = index;
+  }
+}
+
+__global__ void softmax_row_sums_kernel(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                                        const float* max_and_argmax, double* sum_exp_and_target) {
+  const int64_t i = blockIdx.x;
+  const float* row = z + i * cols;
+  double sum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) sum += exp(double(row[c]) - max_and_argmax[i]);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) {
+    const int64_t y = targets[i] - v0;
+    sum_exp_and_target[i] = sum;
+    sum_exp_and_target[n + i] = y >= 0 && y < cols ? double(row[y]) : 0.0;
+  }
+}
+
+// sums[0..2] += Σ w·CE, Σ w·[argmax = target], Σ w over the chunk's rows (one block).
+__global__ void softmax_cross_entropy_sums_kernel(const float* max_and_argmax, const double* sum_exp_and_target,
+                                                  const int32_t* targets, const float* weights, int64_t n,
+                                                  double* sums) {
+  double ce = 0, hits = 0, total = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double w = weights[i];
+    ce += w * (log(sum_exp_and_target[i]) + double(max_and_argmax[i]) - double(float(sum_exp_and_target[n + i])));
+    hits += w * (int64_t(max_and_argmax[n + i]) == targets[i] ? 1.0 : 0.0);
+    total += w;
+  }
+  ce = block_sum(ce);
+  hits = block_sum(hits);
+  total = block_sum(total);
+  if (threadIdx.x == 0) sums[0] += ce, sums[1] += hits, sums[2] += total;
+}
+
+__global__ void softmax_cross_entropy_backward_kernel(float* z, int64_t n, int64_t cols, int64_t v0,
+                                                      const int32_t* targets, const float* weights, double loss_scale,
+                                                      const float* max_and_argmax,
+                                                      const double* sum_exp_and_target, float cap) {
+  FOR_EACH_INDEX(e, n * cols) {
+    const int64_t i = e / cols, c = e % cols, y = targets[i] - v0;
+    const double zc = z[e];
+    double g = exp(zc - max_and_argmax[i]) / sum_exp_and_target[i] - (c == y ? 1.0 : 0.0);
+    if (cap > 0) g *= 1.0 - (zc / cap) * (zc / cap);
+    z[e] = float(loss_scale * weights[i] * g);
+  }
+}
+
+// ---- data movement ----
+
+// A weight matrix as a kernel takes it: its pointers and shape (WeightMatrix also holds the host
+// side's ownership, which does not cross to the device).
+struct MatrixView {
+  const void* data;
+  const float* scales;
+  int64_t rows, cols;
+  DType dtype;
+  __device__ const float* f32() const { return static_cast<const float*>(data); }
+  __device__ const uint16_t* bf16() const { return static_cast<const uint16_t*>(data); }
+  __device__ const int8_t* i8() const { return static_cast<const int8_t*>(data); }
+};
+
+__global__ void embedding_lookup_kernel(MatrixView table, int64_t first_row, const int32_t* ids, int64_t M,
+                                        float* out) {
+  FOR_EACH_INDEX(e, M * table.cols) {
+    const int64_t m = e / table.cols, c = e % table.cols, r = int64_t(ids[m]) - first_row;
+    float value = 0;
+    if (r >= 0 && r < table.rows) {
+      const int64_t i = r * table.cols + c;
+      value = table.dtype == DType::BF16 ? bf16_to_f32(table.bf16()[i])
+              : table.dtype == DType::I8 ? float(table.i8()[i]) / table.scales[r]
+                                         : table.f32()[i];
+    }
+    out[e] = value;
+  }
+}
+
+// One thread per column, the tokens in order: no two threads add into the same value.
+__global__ void embedding_lookup_backward_kernel(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
+                                                 int64_t first_row, int64_t rows, float factor, float* grad) {
+  FOR_EACH_INDEX(c, dim) {
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t r = int64_t(ids[m]) - first_row;
+      if (r >= 0 && r < rows) grad[r * dim + c] += factor * dy[m * dim + c];
+    }
+  }
+}
+
+__global__ void write_cache_rows_kernel(const float* values, int64_t B, int64_t T, int64_t width, int64_t capacity,
+                                        int64_t start, float* cache) {
+  FOR_EACH_INDEX(e, B * T * width) {
+    const int64_t w = e % width, t = (e / width) % T, b = e / (width * T);
+    cache[(b * capacity + start + t) * width + w] = values[e];
+  }
+}
+
+__global__ void gather_rows_kernel(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
+  FOR_EACH_INDEX(e, n * dim) dst[e] = src[rows[e / dim] * dim + e % dim];
+}
+__global__ void scatter_rows_kernel(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
+  FOR_EACH_INDEX(e, n * dim) dst[rows[e / dim] * dim + e % dim] = src[e];
+}
+__global__ void interleave_kernel(const float* blocks, int parts, int64_t M, int64_t part, float* out) {
+  FOR_EACH_INDEX(e, int64_t(parts) * M * part) {
+    const int64_t c = e % part, m = (e / part) % M, r = e / (part * M);
+    out[(m * parts + r) * part + c] = blocks[e];
+  }
+}
+__global__ void add_into_kernel(float* x, const float* y, int64_t n) { FOR_EACH_INDEX(i, n) x[i] += y[i]; }
+__global__ void scale_kernel(float* x, int64_t n, float factor) { FOR_EACH_INDEX(i, n) x[i] *= factor; }
+
+// ---- optimizer and clipping ----
+
+__global__ void adamw_kernel(float* theta, const float* grad, float* m, float* v, int64_t n, AdamWStep step) {
+  FOR_EACH_INDEX(i, n) adamw_update_one(theta[i], grad[i], m[i], v[i], step);
+}
+
+constexpr int kSumBlocks = 256;  // fixed, so that the partial sums — and the total — do not depend on n
+
+__global__ void sum_of_squares_kernel(const float* x, int64_t n, double* partial) {
+  double acc = 0;
+  FOR_EACH_INDEX(i, n) acc += double(x[i]) * double(x[i]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+__global__ void sum_partials_kernel(const double* partial, int count, double* total) {
+  double acc = 0;
+  for (int i = 0; i < count; ++i) acc += partial[i];
+  *total = acc;
+}
+__global__ void scale_by_ratio_kernel(float* x, int64_t n, float numerator, float denominator) {
+  FOR_EACH_INDEX(i, n) x[i] = (x[i] * numerator) / denominator;
+}
+__global__ void clamp_kernel(float* x, int64_t n, float limit) {
+  FOR_EACH_INDEX(i, n) x[i] = x[i] < -limit ? -limit : (limit < x[i] ? limit : x[i]);  // std::clamp's order
+}
+__global__ void all_finite_kernel(const float* x, int64_t n, int* finite) {
+  FOR_EACH_INDEX(i, n) if (!isfinite(x[i])) *finite = 0;
+}
+
+}  // namespace
+
+// ---- the ops ----
+
+void CudaBackend::row_abs_max_impl(const float* x, int64_t rows, int64_t cols, float* out) {
+  if (rows == 0) return;
+  row_abs_max_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, cols, out);
+  check_launch("row_abs_max");
+}
+
+void CudaBackend::rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) {
+  if (rows == 0) return;
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, scale, dim, eps, y);
+  check_launch("rmsnorm");
+}
+
+void CudaBackend::rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
+                                        const float* dy, float* dx, float* dscale) {
+  if (rows == 0) return;
+  auto* inv = static_cast<double*>(state_->scratch_for(kRowScratch, size_t(rows) * sizeof(double)));
+  rmsnorm_backward_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, scale, dim, eps, dy, dx, inv);
+  if (dscale) rmsnorm_scale_grad_kernel<<<blocks_for(dim), kThreads, 0, state_->stream>>>(x, dy, inv, rows, dim, dscale);
+  check_launch("rmsnorm_backward");
+}
+
+void CudaBackend::rope_impl(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
+                            float base, float scaling) {
+  rope_kernel<<<blocks_for(tokens * heads * head_dim / 2), kThreads, 0, state_->stream>>>(x, tokens, heads, head_dim,
+                                                                                         positions, base, scaling, false);
+  check_launch("rope");
+}
+
+void CudaBackend::rope_backward_impl(float* dx, int64_t tokens, int64_t heads, int64_t head_dim,
+                                     const int64_t* positions, float base, float scaling) {
+  rope_kernel<<<blocks_for(tokens * heads * head_dim / 2), kThreads, 0, state_->stream>>>(dx, tokens, heads, head_dim,
+                                                                                         positions, base, scaling, true);
+  check_launch("rope_backward");
+}
+
+// The shared memory an attention kernel needs for `arrays` values per key slot, allowed past the
+// 48 KB default when the GPU has it.
+template <class Kernel>
+static size_t attention_shared_bytes(Kernel kernel, const AttentionShape& s, int arrays, int gpu) {
+  const size_t bytes = size_t(arrays) * size_t(s.capacity) * sizeof(float);
+  if (bytes > 48 * 1024) {
+    int limit = 0;
+    check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu), "attention");
+    check(bytes <= size_t(limit), "attention on cuda: ", s.capacity, " key slots need ", bytes,
+          " bytes of shared memory per block, more than this GPU's ", limit, " (a shorter sequence fits)");
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "attention");
+  }
+  return bytes;
+}
+
+void CudaBackend::attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                                 const AttentionShape& s, float* out) {
+  const int64_t queries = s.batch * s.query_len * s.heads;
+  if (queries == 0) return;
+  const size_t shared = attention_shared_bytes(attention_kernel, s, 2, gpu_);
+  attention_kernel<<<unsigned(queries), 128, shared, state_->stream>>>(q, k, v, key_valid, s, out);
+  check_launch("attention");
+}
+
+void CudaBackend::attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                                          const AttentionShape& s, const float* dout, float* dq, float* dk,
+                                          float* dv) {
+  const size_t kv = size_t(s.batch * s.capacity * s.kv_heads * s.head_dim) * sizeof(float);
+  check_cuda(cudaMemsetAsync(dk, 0, kv, state_->stream), "attention_backward");
+  check_cuda(cudaMemsetAsync(dv, 0, kv, state_->stream), "attention_backward");
+  const int64_t queries = s.batch * s.query_len * s.heads;
+  if (queries == 0) return;
+  const size_t shared = attention_shared_bytes(attention_backward_kernel, s, 3, gpu_);
+  attention_backward_kernel<<<unsigned(queries), 128, shared, state_->stream>>>(q, k, v, key_valid, s, dout, dq, dk,
+                                                                                 dv);
+  check_launch("attention_backward");
+}
+
+void CudaBackend::geglu_impl(float* gate, const float* up, int64_t n) {
+  geglu_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(gate, up, n);
+  check_launch("geglu");
+}
+void CudaBackend::geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
+                                      float* dup) {
+  geglu_backward_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(gate, up, dout, n, dgate, dup);
+  check_launch("geglu_backward");
+}
+void CudaBackend::soft_cap_impl(float* x, int64_t n, float cap) {
+  soft_cap_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, n, cap);
+  check_launch("soft_cap");
+}
+void CudaBackend::soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) {
+  soft_cap_backward_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(y, dy, n, cap);
+  check_launch("soft_cap_backward");
+}
+
+void CudaBackend::softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax) {
+  if (n == 0) return;
+  softmax_row_max_kernel<<<unsigned(n), kThreads, 0, state_->stream>>>(z, n, cols, v0, max_and_argmax);
+  check_launch("softmax_row_max");
+}
+void CudaBackend::softmax_combine_max_impl(const float* gathered, int parts, int64_t n, float* max_and_argmax) {
+  softmax_combine_max_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(gathered, parts, n, max_and_argmax);
+  check_launch("softmax_combine_max");
+}
+void CudaBackend::softmax_row_sums_impl(const float* z, int64_t n, int64_t cols, int64_t v0, const int32_t* targets,
+                                        const float* max_and_argmax, double* sum_exp_and_target) {
+  if (n == 0) return;
+  softmax_row_sums_kernel<<<unsigned(n), kThreads, 0, state_->stream>>>(z, n, cols, v0, targets, max_and_argmax,
+                                                                       sum_exp_and_target);
+  check_launch("softmax_row_sums");
+}
+void CudaBackend::softmax_cross_entropy_sums_impl(const float* max_and_argmax, const double* sum_exp_and_target,
+                                                  const int32_t* targets, const float* weights, int64_t n,
+                                                  double* sums) {
+  softmax_cross_entropy_sums_kernel<<<1, kThreads, 0, state_->stream>>>(max_and_argmax, sum_exp_and_target, targets,
+                                                                        weights, n, sums);
+  check_launch("softmax_cross_entropy_sums");
+}
+void CudaBackend::softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_t cols, int64_t v0,
+                                                      const int32_t* targets, const float* weights, double loss_scale,
+                                                      const float* max_and_argmax, const double* sum_exp_and_target,
+                                                      float cap) {
+  softmax_cross_entropy_backward_kernel<<<blocks_for(n * cols), kThreads, 0, state_->stream>>>(
+      z, n, cols, v0, targets, weights, loss_scale, max_and_argmax, sum_exp_and_target, cap);
+  check_launch("softmax_cross_entropy_backward");
+}
+
+void CudaBackend::embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
+                                        float* out) {
+  const MatrixView view{table.data, table.scales, table.rows, table.cols, table.dtype};
+  embedding_lookup_kernel<<<blocks_for(M * table.cols), kThreads, 0, state_->stream>>>(view, first_row, ids, M, out);
+  check_launch("embedding_lookup");
+}
+void CudaBackend::embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
+                                                 int64_t first_row, int64_t rows, float factor, float* grad) {
+  embedding_lookup_backward_kernel<<<blocks_for(dim), kThreads, 0, state_->stream>>>(dy, ids, M, dim, first_row, rows,
+                                                                                     factor, grad);
+  check_launch("embedding_lookup_backward");
+}
+void CudaBackend::write_cache_rows_impl(const float* values, int64_t B, int64_t T, int64_t width, int64_t capacity,
+                                        int64_t start, float* cache) {
+  write_cache_rows_kernel<<<blocks_for(B * T * width), kThreads, 0, state_->stream>>>(values, B, T, width, capacity,
+                                                                                      start, cache);
+  check_launch("write_cache_rows");
+}
+void CudaBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
+  gather_rows_kernel<<<blocks_for(n * dim), kThreads, 0, state_->stream>>>(src, rows, n, dim, dst);
+  check_launch("gather_rows");
+}
+void CudaBackend::scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
+  scatter_rows_kernel<<<blocks_for(n * dim), kThreads, 0, state_->stream>>>(src, rows, n, dim, dst);
+  check_launch("scatter_rows");
+}
+void CudaBackend::interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part, float* out) {
+  interleave_kernel<<<blocks_for(parts * M * part), kThreads, 0, state_->stream>>>(blocks, parts, M, part, out);
+  check_launch("interleave_column_blocks");
+}
+void CudaBackend::copy_impl(const float* src, int64_t n, float* dst) {
+  if (n > 0 && src != dst)
+    check_cuda(cudaMemcpyAsync(dst, src, size_t(n) * sizeof(float), cudaMemcpyDeviceToDevice, state_->stream), "copy");
+}
+void CudaBackend::zero_impl(float* x, int64_t n) {
+  if (n > 0) check_cuda(cudaMemsetAsync(x, 0, size_t(n) * sizeof(float), state_->stream), "zero");
+}
+void CudaBackend::add_into_impl(float* x, const float* y, int64_t n) {
+  add_into_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, y, n);
+  check_launch("add_into");
+}
+void CudaBackend::scale_impl(float* x, int64_t n, float factor) {
+  scale_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, n, factor);
+  check_launch("scale");
+}
+
+void CudaBackend::adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
+                                    const AdamWStep& step) {
+  adamw_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(theta, grad, m, v, n, step);
+  check_launch("adamw_update");
+}
+
+double CudaBackend::sum_of_squares_impl(const float* x, int64_t n) {
+  auto* partial = static_cast<double*>(state_->scratch_for(kSumScratch, (kSumBlocks + 1) * sizeof(double)));
+  sum_of_squares_kernel<<<kSumBlocks, kThreads, 0, state_->stream>>>(x, n, partial);
+  sum_partials_kernel<<<1, 1, 0, state_->stream>>>(partial, kSumBlocks, partial + kSumBlocks);
+  check_launch("sum_of_squares");
+  double total = 0;
+  download_impl(partial + kSumBlocks, sizeof(double), &total);
+  return total;
+}
+void CudaBackend::scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) {
+  scale_by_ratio_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, n, numerator, denominator);
+  check_launch("scale_by_ratio");
+}
+void CudaBackend::clamp_impl(float* x, int64_t n, float limit) {
+  clamp_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, n, limit);
+  check_launch("clamp");
+}
+bool CudaBackend::all_finite_impl(const float* x, int64_t n) {
+  auto* flag = static_cast<int*>(state_->scratch_for(kSumScratch, sizeof(double)));
+  const int one = 1;
+  check_cuda(cudaMemcpyAsync(flag, &one, sizeof(int), cudaMemcpyHostToDevice, state_->stream), "all_finite");
+  all_finite_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, n, flag);
+  check_launch("all_finite");
+  int finite = 0;
+  download_impl(flag, sizeof(int), &finite);
+  return finite != 0;
+}
+
+}  // namespace meshtune

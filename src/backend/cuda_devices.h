@@ -1,0 +1,35 @@
+// The NVIDIA GPUs this process can use, and the CUDA backend on one of them — the way in that every
+// build has: a build without the CUDA toolkit answers "not built" here instead of failing to link.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace meshtune {
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;          // "NVIDIA H200"
+  size_t memory_bytes = 0;
+  int major = 0, minor = 0;  // compute capability
+};
+
+struct CudaSystem {
+  bool built = false;        // this binary has the CUDA backend
+  std::string unavailable;   // why there is no GPU to use ("" when there is one)
+  int driver_version = 0;    // 13000 = 13.0; 0 when there is no driver
+  int runtime_version = 0;
+  std::vector<GpuInfo> gpus;
+};
+
+// What this build and this machine offer (never throws).
+CudaSystem cuda_system();
+
+// The CUDA backend on GPU `gpu`, or — for -1 — on the GPU of this process' local rank (one process
+// per GPU under mpirun). One Error naming `--device cuda` and the reason when it cannot be made.
+std::unique_ptr<Backend> make_cuda_backend(int gpu = -1);
+
+}  // namespace meshtune

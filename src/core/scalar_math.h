@@ -1,0 +1,40 @@
+// Scalar arithmetic that must round the same way on every backend: bfloat16 conversion (round to
+// nearest even) and RoPE's inverse frequencies. Plain inline functions for host code; compiled by
+// nvcc they are also device functions, so the CUDA kernels call these very lines.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifdef __CUDACC__
+#define MESHTUNE_HOST_DEVICE __host__ __device__
+#else
+#define MESHTUNE_HOST_DEVICE
+#endif
+
+namespace meshtune {
+
+// bfloat16 <-> float32. bf16 is the top half of an fp32; conversion to bf16 rounds to nearest even.
+MESHTUNE_HOST_DEVICE inline float bf16_to_f32(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+MESHTUNE_HOST_DEVICE inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+// f rounded to the nearest bf16 value (as an fp32): what a bf16 matmul input holds.
+MESHTUNE_HOST_DEVICE inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// RoPE's inverse frequency of pair i of a head of width head_dim: 1 / base^(2i/head_dim), divided
+// by the scaling factor — in fp32, as Keras computes it (the angle is then position · this, in fp32).
+MESHTUNE_HOST_DEVICE inline float rope_inverse_frequency(int64_t i, int64_t head_dim, float base, float scaling) {
+  return float(1.0 / ::pow(double(base), double(2 * i) / double(head_dim))) / scaling;
+}
+
+}  // namespace meshtune
