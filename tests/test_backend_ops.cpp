@@ -450,15 +450,9 @@ const std::vector<OpCase>& registry() {
   return cases;
 }
 
-// max over i of |a − b| / max(1, |b|).
 double relative_error(const Values& a, const Values& b) {
   EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    const double d = std::abs(double(a[i]) - double(b[i])) / std::max(1.0, std::abs(double(b[i])));
-    worst = std::max(worst, std::isnan(d) ? INFINITY : d);
-  }
-  return worst;
+  return meshtune::testing::max_relative_error(a, b);
 }
 
 void expect_close(const Inputs& got, const Inputs& want, double tolerance, const std::string& what) {

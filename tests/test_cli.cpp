@@ -367,7 +367,7 @@ TEST(Cli, DeviceCudaWithoutAGpuIsOneLine) {
   const std::string model = fixture("keras/preset-gemma-tiny");
   for (const std::string& args : {"generate " + model + " --prompt hi --device cuda",
                                    "finetune " + model + " --data sample --steps 1 --device cuda --out " +
-                                       (std::filesystem::temp_directory_path() / "meshtune-test-device-cuda").string()}) {
+                                       make_temp_dir("device-cuda") + "/run"}) {
     const CommandResult r = run_meshtune(args);
     EXPECT_EQ(r.exit_code, 1) << args;
     EXPECT_EQ(r.err.rfind("meshtune: error: --device cuda: ", 0), 0u) << args << ": " << r.err;

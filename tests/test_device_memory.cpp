@@ -221,17 +221,22 @@ TEST(DeviceMemory, TrainerStepsOnDeviceMemoryEqualTheHost) {
 }
 
 // Greedy generation (prefill, the KV cache's decode steps, the sampled logits brought back).
-TEST(DeviceMemory, GenerationOnDeviceMemoryEqualsTheHost) {
-  const GemmaModel host = gemma2_tiny();
-  const int V = int(host.config.vocab_size);
+// Greedy generation of two short prompts (one shorter: its row starts decoding while the other
+// still reads its prompt) to 8 tokens under `host_model` uploaded to `backend`.
+static GeneratedIds greedy_on(Backend& backend, const GemmaModel& host_model) {
+  const int V = int(host_model.config.vocab_size);
   const std::vector<std::vector<int32_t>> ids = {{2, 5 % V, 9 % V, 0, 0, 0, 0, 0}, {2, 7 % V, 0, 0, 0, 0, 0, 0}};
   const std::vector<std::vector<uint8_t>> mask = {{1, 1, 1, 0, 0, 0, 0, 0}, {1, 1, 0, 0, 0, 0, 0, 0}};
   GenerateOptions options;
   options.max_length = 8;
   options.sampler.name = "greedy";
+  return generate_ids(Context{backend}, upload_model(host_model, backend), ids, mask, options);
+}
+
+TEST(DeviceMemory, GenerationOnDeviceMemoryEqualsTheHost) {
+  const GemmaModel host = gemma2_tiny();
   ReferenceBackend reference, device(Device::Cuda);
-  const GeneratedIds want = generate_ids(Context{reference}, upload_model(host, reference), ids, mask, options);
-  const GeneratedIds got = generate_ids(Context{device}, upload_model(host, device), ids, mask, options);
+  const GeneratedIds want = greedy_on(reference, host), got = greedy_on(device, host);
   EXPECT_EQ(got.token_ids, want.token_ids);
   EXPECT_EQ(got.padding_mask, want.padding_mask);
   EXPECT_TRUE(want.padding_mask[1][7]) << "nothing was generated";  // (a generated id may be 0)
@@ -251,16 +256,7 @@ TEST(DeviceMemory, GenerationOnDeviceMemoryEqualsTheHost) {
 
 namespace {
 
-// max over i of |got − want| / max(1, |want|)
-double max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    const double e = std::abs(double(got[i]) - double(want[i])) / std::max(1.0, std::abs(double(want[i])));
-    worst = std::max(worst, std::isfinite(e) ? e : INFINITY);
-  }
-  return worst;
-}
+using meshtune::testing::max_relative_error;
 
 }  // namespace
 
@@ -301,16 +297,9 @@ TEST(Cuda, TrainerStepsMatchTheCpu) {
 
 TEST(Cuda, GreedyGenerationMatchesTheCpu) {
   const GemmaModel host = gemma2_tiny();
-  const int V = int(host.config.vocab_size);
-  const std::vector<std::vector<int32_t>> ids = {{2, 5 % V, 9 % V, 0, 0, 0, 0, 0}, {2, 7 % V, 0, 0, 0, 0, 0, 0}};
-  const std::vector<std::vector<uint8_t>> mask = {{1, 1, 1, 0, 0, 0, 0, 0}, {1, 1, 0, 0, 0, 0, 0, 0}};
-  GenerateOptions options;
-  options.max_length = 8;
-  options.sampler.name = "greedy";
   CpuBackend cpu;
   const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
-  const GeneratedIds want = generate_ids(Context{cpu}, upload_model(host, cpu), ids, mask, options);
-  const GeneratedIds got = generate_ids(Context{*gpu}, upload_model(host, *gpu), ids, mask, options);
+  const GeneratedIds want = greedy_on(cpu, host), got = greedy_on(*gpu, host);
   EXPECT_EQ(got.token_ids, want.token_ids);
 }
 

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -150,6 +151,16 @@ std::vector<float> to_host(const FloatBuffer& values) {
 void reference_linear(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision) {
   ReferenceBackend reference;
   reference.linear(ConstFloats(x, size_t(M * W.cols)), M, W, Floats(y, size_t(M * W.rows)), precision);
+}
+
+double max_relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::abs(double(got[i]) - double(want[i])) / std::max(1.0, std::abs(double(want[i])));
+    worst = std::max(worst, std::isnan(e) ? INFINITY : e);
+  }
+  return worst;
 }
 
 }  // namespace meshtune::testing

@@ -72,6 +72,8 @@ struct NextTokenBatch {
 };
 NextTokenBatch fixture_next_token_batch();
 
+// max over i of |got − want| / max(1, |want|) (infinite for a NaN or a size mismatch).
+double max_relative_error(const std::vector<float>& got, const std::vector<float>& want);
 double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace meshtune::testing
