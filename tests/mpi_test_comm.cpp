@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "distribution/communicator.h"
 #include "distribution/mesh.h"
+#include "distribution/nccl.h"
 
 namespace meshtune {
 // Test hook in communicator.cpp: lowers the per-call MPI element limit (0 restores it).
@@ -32,6 +33,26 @@ std::vector<float> gather_one(Communicator& comm, float value) {
   std::vector<float> out(size_t(comm.size()));
   comm.all_gather({&value, 1}, out);
   return out;
+}
+
+// The NCCL bootstrap a GPU mesh will use: rank 0's unique id reaches every rank over MPI. NCCL
+// makes ids without a GPU, so this runs here; each test's id is new (two calls differ).
+TEST(NcclBootstrap, EveryRankGetsRankZerosUniqueId) {
+#ifndef MESHTUNE_HAVE_CUDA
+  GTEST_SKIP() << "built without the CUDA backend (no NCCL)";
+#else
+  Communicator& comm = world();
+  const std::string id = nccl_unique_id(comm), again = nccl_unique_id(comm);
+  ASSERT_EQ(id.size(), kNcclUniqueIdBytes);
+  EXPECT_NE(id, std::string(kNcclUniqueIdBytes, '\0'));
+  EXPECT_NE(id, again);
+  // Every rank's bytes against rank 0's, byte by byte: the per-byte maximum equals the minimum.
+  std::vector<float> high(id.size()), low(id.size());
+  for (size_t i = 0; i < id.size(); ++i) high[i] = float(uint8_t(id[i])), low[i] = -high[i];
+  comm.all_reduce_max(high);
+  comm.all_reduce_max(low);
+  for (size_t i = 0; i < id.size(); ++i) EXPECT_EQ(high[i], -low[i]) << "byte " << i << " differs between ranks";
+#endif
 }
 
 TEST(MpiComm, WorldMatchesLauncher) {

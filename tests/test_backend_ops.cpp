@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
+#include "backend/cuda_devices.h"
 #include "backend/reference_backend.h"
 #include "core/error.h"
 #include "cpu_path_test.h"
@@ -49,6 +50,22 @@ WeightMatrix matrix(int64_t rows, int64_t cols, const Values& values, DType dtyp
 
 Values zeros(int64_t n) { return Values(size_t(n), 0.f); }
 
+// Each case hands the op operands in the backend's memory — host values uploaded, results
+// downloaded — so a device backend (CUDA, or the reference with device-tagged memory) runs the
+// registry unchanged.
+template <class E>
+Buffer<E> put(Backend& b, const std::vector<E>& host) {
+  Buffer<E> d;
+  b.resize(d, host.size());
+  b.upload(Span<const E>(host.data(), host.size()), d);
+  return d;
+}
+Values get(Backend& b, const FloatBuffer& d) {
+  Values host(d.size());
+  b.download(d, host);
+  return host;
+}
+
 std::vector<OpCase> linear_cases() {
   std::vector<OpCase> cases;
   struct Shape {
@@ -66,19 +83,19 @@ std::vector<OpCase> linear_cases() {
         c.name = name;
         c.make_inputs = [s] { return Inputs{random_vector(size_t(s.M * s.cols), 1), random_vector(size_t(s.rows * s.cols), 2, 0.3f)}; };
         c.forward = [s, dtype, precision](Backend& b, Inputs& in) {
-          const WeightMatrix W = matrix(s.rows, s.cols, in[1], dtype);
-          Values y = zeros(s.M * s.rows);
-          b.linear(in[0], s.M, W, y, precision);
-          return Inputs{y};
+          const WeightMatrix W = b.upload(matrix(s.rows, s.cols, in[1], dtype));
+          FloatBuffer y = put(b, zeros(s.M * s.rows));
+          b.linear(put(b, in[0]), s.M, W, y, precision);
+          return Inputs{get(b, y)};
         };
         // dx = dy·W always; dW = dyᵀ·x only for trainable fp32 weights.
         c.backward = [s, dtype, precision](Backend& b, Inputs& in, const Values& dy) {
-          const WeightMatrix W = matrix(s.rows, s.cols, in[1], dtype);
-          Values dx = zeros(s.M * s.cols), dW = zeros(s.rows * s.cols);
-          b.linear_backward_input(dy, s.M, W, dx, false, precision);
-          if (dtype != DType::F32 || precision != MatmulPrecision::F32) return Inputs{dx};
-          b.linear_backward_weight(dy, in[0], s.M, s.rows, s.cols, dW);
-          return Inputs{dx, dW};
+          const WeightMatrix W = b.upload(matrix(s.rows, s.cols, in[1], dtype));
+          FloatBuffer dx = put(b, zeros(s.M * s.cols)), dW = put(b, zeros(s.rows * s.cols)), d_y = put(b, dy);
+          b.linear_backward_input(d_y, s.M, W, dx, false, precision);
+          if (dtype != DType::F32 || precision != MatmulPrecision::F32) return Inputs{get(b, dx)};
+          b.linear_backward_weight(d_y, put(b, in[0]), s.M, s.rows, s.cols, dW);
+          return Inputs{get(b, dx), get(b, dW)};
         };
         if (dtype == DType::F32 && precision == MatmulPrecision::F32) c.differentiable = {0, 1};
         c.tolerance = dtype == DType::I8 ? 1e-5 : precision == MatmulPrecision::BF16 ? 1e-4 : 1e-5;
@@ -89,12 +106,12 @@ std::vector<OpCase> linear_cases() {
   c.name = "linear_int8_given_row_max";
   c.make_inputs = [] { return Inputs{random_vector(6 * 20, 3), random_vector(9 * 20, 4, 0.3f)}; };
   c.forward = [](Backend& b, Inputs& in) {
-    const WeightMatrix W = matrix(9, 20, in[1], DType::I8);
-    Values row_max = zeros(6), y = zeros(6 * 9);
-    b.row_abs_max(in[0], 6, 20, row_max);
-    for (float& m : row_max) m *= 1.5f;
-    b.linear(in[0], 6, W, y, MatmulPrecision::F32, row_max);
-    return Inputs{y, row_max};
+    const WeightMatrix W = b.upload(matrix(9, 20, in[1], DType::I8));
+    FloatBuffer x = put(b, in[0]), row_max = put(b, zeros(6)), y = put(b, zeros(6 * 9));
+    b.row_abs_max(x, 6, 20, row_max);
+    b.scale(row_max, 6, 1.5f);
+    b.linear(x, 6, W, y, MatmulPrecision::F32, row_max);
+    return Inputs{get(b, y), get(b, row_max)};
   };
   cases.push_back(std::move(c));
   return cases;
@@ -103,11 +120,12 @@ std::vector<OpCase> linear_cases() {
 // A LoRA term over strided views of A and B (two column groups, like a query matrix of 2 heads).
 struct LowRankViews {
   int64_t M = 5, in = 11, groups = 2, per_group = 7, rank = 3;
-  LowRankTerm term(Values& a, Values& b, float* ga = nullptr, float* gb = nullptr) const {
+  LowRankTerm term(Device device, const float* a, const float* b, float* ga = nullptr, float* gb = nullptr) const {
     LowRankTerm t;
+    t.device = device;
     t.rank = rank, t.groups = groups, t.in = in, t.out_per_group = per_group, t.scale = 0.75f;
-    t.a = a.data(), t.a_group = rank, t.a_row = groups * rank, t.a_col = 1;  // A stored [in, groups·rank]
-    t.b = b.data(), t.b_row = 1, t.b_col = rank;                             // B stored [per_group, rank]
+    t.a = a, t.a_group = rank, t.a_row = groups * rank, t.a_col = 1;  // A stored [in, groups·rank]
+    t.b = b, t.b_row = 1, t.b_col = rank;                             // B stored [per_group, rank]
     t.grad_a = ga, t.grad_b = gb;
     return t;
   }
@@ -122,14 +140,16 @@ OpCase low_rank_case() {
                   random_vector(size_t(v.per_group * v.rank), 7), random_vector(size_t(v.M * v.groups * v.per_group), 8)};
   };
   c.forward = [v](Backend& b, Inputs& in) {
-    Values y = in[3];  // the term is added to y
-    b.low_rank(in[0], v.M, v.term(in[1], in[2]), y);
-    return Inputs{y};
+    FloatBuffer y = put(b, in[3]), a = put(b, in[1]), bb = put(b, in[2]);  // the term is added to y
+    b.low_rank(put(b, in[0]), v.M, v.term(b.device(), a.data(), bb.data()), y);
+    return Inputs{get(b, y)};
   };
   c.backward = [v](Backend& b, Inputs& in, const Values& dy) {
-    Values dx = zeros(v.M * v.in), ga = zeros(int64_t(in[1].size())), gb = zeros(int64_t(in[2].size()));
-    b.low_rank_backward(in[0], dy, v.M, v.term(in[1], in[2], ga.data(), gb.data()), dx);
-    return Inputs{dx, ga, gb};
+    FloatBuffer dx = put(b, zeros(v.M * v.in)), ga = put(b, zeros(int64_t(in[1].size()))),
+                gb = put(b, zeros(int64_t(in[2].size()))), a = put(b, in[1]), bb = put(b, in[2]);
+    b.low_rank_backward(put(b, in[0]), put(b, dy), v.M, v.term(b.device(), a.data(), bb.data(), ga.data(), gb.data()),
+                        dx);
+    return Inputs{get(b, dx), get(b, ga), get(b, gb)};
   };
   c.differentiable = {0, 1, 2};
   return c;
@@ -144,14 +164,14 @@ std::vector<OpCase> norm_cases() {
     c.name = "rmsnorm_" + std::to_string(rows) + "x" + std::to_string(dim);
     c.make_inputs = [rows, dim] { return Inputs{random_vector(size_t(rows * dim), 9), random_vector(size_t(dim), 10, 0.5f)}; };
     c.forward = [rows, dim](Backend& b, Inputs& in) {
-      Values y = zeros(rows * dim);
-      b.rmsnorm(in[0], in[1], rows, dim, 1e-6f, y);
-      return Inputs{y};
+      FloatBuffer y = put(b, zeros(rows * dim));
+      b.rmsnorm(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, y);
+      return Inputs{get(b, y)};
     };
     c.backward = [rows, dim](Backend& b, Inputs& in, const Values& dy) {
-      Values dx = zeros(rows * dim), dscale = zeros(dim);
-      b.rmsnorm_backward(in[0], in[1], rows, dim, 1e-6f, dy, dx, dscale);
-      return Inputs{dx, dscale};
+      FloatBuffer dx = put(b, zeros(rows * dim)), dscale = put(b, zeros(dim));
+      b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, put(b, dy), dx, dscale);
+      return Inputs{get(b, dx), get(b, dscale)};
     };
     if (rows * dim < 1000) c.differentiable = {0, 1};  // finite differences on the small ones
     c.tolerance = 1e-5;
@@ -171,14 +191,14 @@ OpCase rope_case(int64_t tokens, int64_t heads, int64_t head_dim, float base, fl
     return p;
   };
   c.forward = [=](Backend& b, Inputs& in) {
-    Values x = in[0];
-    b.rope(x, tokens, heads, head_dim, positions(), base, scaling);
-    return Inputs{x};
+    FloatBuffer x = put(b, in[0]);
+    b.rope(x, tokens, heads, head_dim, put(b, positions()), base, scaling);
+    return Inputs{get(b, x)};
   };
   c.backward = [=](Backend& b, Inputs&, const Values& dy) {
-    Values dx = dy;
-    b.rope_backward(dx, tokens, heads, head_dim, positions(), base, scaling);
-    return Inputs{dx};
+    FloatBuffer dx = put(b, dy);
+    b.rope_backward(dx, tokens, heads, head_dim, put(b, positions()), base, scaling);
+    return Inputs{get(b, dx)};
   };
   c.differentiable = {0};
   c.tolerance = 2e-5;  // cos/sin of fp32 angles against double ones
@@ -199,15 +219,15 @@ OpCase attention_case(const std::string& name, AttentionShape s, std::vector<int
     return Inputs{random_vector(size_t(queries), 12), random_vector(size_t(keys), 13), random_vector(size_t(keys), 14)};
   };
   c.forward = [=](Backend& b, Inputs& in) {
-    Values out = zeros(queries);
-    b.attention(in[0], in[1], in[2], valid(), s, out);
-    return Inputs{out};
+    FloatBuffer out = put(b, zeros(queries));
+    b.attention(put(b, in[0]), put(b, in[1]), put(b, in[2]), put(b, valid()), s, out);
+    return Inputs{get(b, out)};
   };
   if (backward) {
     c.backward = [=](Backend& b, Inputs& in, const Values& dy) {
-      Values dq = zeros(queries), dk = zeros(keys), dv = zeros(keys);
-      b.attention_backward(in[0], in[1], in[2], valid(), s, dy, dq, dk, dv);
-      return Inputs{dq, dk, dv};
+      FloatBuffer dq = put(b, zeros(queries)), dk = put(b, zeros(keys)), dv = put(b, zeros(keys));
+      b.attention_backward(put(b, in[0]), put(b, in[1]), put(b, in[2]), put(b, valid()), s, put(b, dy), dq, dk, dv);
+      return Inputs{get(b, dq), get(b, dk), get(b, dv)};
     };
     c.differentiable = {0, 1, 2};
   }
@@ -237,14 +257,14 @@ std::vector<OpCase> activation_cases() {
     g.name = "geglu_" + std::to_string(n);
     g.make_inputs = [n] { return Inputs{random_vector(size_t(n), 15, 2.f), random_vector(size_t(n), 16)}; };
     g.forward = [n](Backend& b, Inputs& in) {
-      Values gate = in[0];
-      b.geglu(gate, in[1], n);
-      return Inputs{gate};
+      FloatBuffer gate = put(b, in[0]);
+      b.geglu(gate, put(b, in[1]), n);
+      return Inputs{get(b, gate)};
     };
     g.backward = [n](Backend& b, Inputs& in, const Values& dy) {
-      Values dgate = zeros(n), dup = zeros(n);
-      b.geglu_backward(in[0], in[1], dy, n, dgate, dup);
-      return Inputs{dgate, dup};
+      FloatBuffer dgate = put(b, zeros(n)), dup = put(b, zeros(n));
+      b.geglu_backward(put(b, in[0]), put(b, in[1]), put(b, dy), n, dgate, dup);
+      return Inputs{get(b, dgate), get(b, dup)};
     };
     if (n < 100) g.differentiable = {0, 1};
     cases.push_back(std::move(g));
@@ -254,15 +274,15 @@ std::vector<OpCase> activation_cases() {
     c.name = "soft_cap_" + std::to_string(int(cap * 10));
     c.make_inputs = [] { return Inputs{random_vector(41, 17, 2.f)}; };
     c.forward = [cap](Backend& b, Inputs& in) {
-      Values y = in[0];
+      FloatBuffer y = put(b, in[0]);
       b.soft_cap(y, int64_t(y.size()), cap);
-      return Inputs{y};
+      return Inputs{get(b, y)};
     };
     c.backward = [cap](Backend& b, Inputs& in, const Values& dy) {
-      Values y = in[0], dx = dy;
+      FloatBuffer y = put(b, in[0]), dx = put(b, dy);
       b.soft_cap(y, int64_t(y.size()), cap);
       b.soft_cap_backward(y, dx, int64_t(dx.size()), cap);
-      return Inputs{dx};
+      return Inputs{get(b, dx)};
     };
     c.differentiable = {0};
     cases.push_back(std::move(c));
@@ -279,19 +299,22 @@ std::vector<OpCase> cross_entropy_cases() {
     const int64_t n = 4, cols = 23;  // 4 rows of a chunk, with their targets and weights
     const std::vector<int32_t> targets = {1, 22, 7, 11};
     const Values weights = {1.f, 0.5f, 2.f, 1.f};
-    auto loss = [=](Backend& b, const Values& z, SoftmaxRows& stats) {
+    auto loss = [=](Backend& b, const FloatBuffer& z, SoftmaxRows& stats) {
+      const Buffer<int32_t> t = put(b, targets);
       b.softmax_row_max(z, n, cols, 0, stats);
-      b.softmax_row_sums(z, n, cols, 0, targets, stats);
-      std::vector<double> sums = {0.25, 0, 0};  // the sums add to what is there
-      b.softmax_cross_entropy_sums(stats, targets, weights, n, sums);
+      b.softmax_row_sums(z, n, cols, 0, t, stats);
+      Buffer<double> d_sums = put(b, std::vector<double>{0.25, 0, 0});  // the sums add to what is there
+      b.softmax_cross_entropy_sums(stats, t, put(b, weights), n, d_sums);
+      std::vector<double> sums(3);
+      b.download(d_sums, sums);
       return Values{float(sums[0] - 0.25), float(sums[1]), float(sums[2])};  // Σ w·CE, Σ w·correct, Σ w
     };
     // The combining step of a split vocabulary: two parts' maxima, the later one larger in some rows
     // and tied in one (the first part wins a tie).
     auto combined = [=](Backend& b, SoftmaxRows& stats) {
       const Values gathered = {3, 1, 2, 5, /*argmax*/ 0, 1, 2, 3, /*part 2*/ 4, 1, 1, 9, /*argmax*/ 10, 11, 12, 13};
-      b.softmax_combine_max(gathered, 2, n, stats);
-      return Values(stats.max_and_argmax.data(), stats.max_and_argmax.data() + 2 * n);
+      b.softmax_combine_max(put(b, gathered), 2, n, stats);
+      return get(b, stats.max_and_argmax);
     };
     OpCase c;
     c.name = std::string("softmax_cross_entropy") + (cap > 0 ? "_capped" : "");
@@ -303,16 +326,17 @@ std::vector<OpCase> cross_entropy_cases() {
     };
     c.forward = [=](Backend& b, Inputs& in) {
       SoftmaxRows stats;
-      const Values sums = loss(b, in[0], stats);
-      const Values max_and_argmax(stats.max_and_argmax.data(), stats.max_and_argmax.data() + 2 * n);
+      const Values sums = loss(b, put(b, in[0]), stats);
+      const Values max_and_argmax = get(b, stats.max_and_argmax);
       // The loss first (what finite differences look at); accuracy and weight are steps, not smooth.
       return Inputs{{sums[0]}, {sums[1], sums[2]}, max_and_argmax, combined(b, stats)};
     };
     c.backward = [=](Backend& b, Inputs& in, const Values& dy) {
       SoftmaxRows stats;
-      loss(b, in[0], stats);
-      Values dz = in[0];
-      b.softmax_cross_entropy_backward(dz, n, cols, 0, targets, weights, dy[0], stats, cap);
+      FloatBuffer z = put(b, in[0]);
+      loss(b, z, stats);
+      b.softmax_cross_entropy_backward(z, n, cols, 0, put(b, targets), put(b, weights), dy[0], stats, cap);
+      Values dz = get(b, z);
       if (cap > 0)  // the gradient before the cap, turned into the one of the capped logits for FD
         for (size_t i = 0; i < dz.size(); ++i) dz[i] /= 1.f - (in[0][i] / cap) * (in[0][i] / cap);
       return Inputs{dz};
@@ -334,15 +358,15 @@ std::vector<OpCase> data_movement_cases() {
       const int64_t M = 7, dim = 9, first = 3, rows = 8;
       c.make_inputs = [=] { return Inputs{random_vector(size_t(rows * dim), 19)}; };
       c.forward = [=](Backend& b, Inputs& in) {
-        Values out = zeros(M * dim);
-        b.embedding_lookup(matrix(rows, dim, in[0], dtype), first, ids, M, out);
-        return Inputs{out};
+        FloatBuffer out = put(b, zeros(M * dim));
+        b.embedding_lookup(b.upload(matrix(rows, dim, in[0], dtype)), first, put(b, ids), M, out);
+        return Inputs{get(b, out)};
       };
       if (dtype == DType::F32) {
         c.backward = [=](Backend& b, Inputs&, const Values& dy) {
-          Values grad = zeros(rows * dim);
-          b.embedding_lookup_backward(dy, ids, M, dim, first, rows, 1.f, grad);
-          return Inputs{grad};
+          FloatBuffer grad = put(b, zeros(rows * dim));
+          b.embedding_lookup_backward(put(b, dy), put(b, ids), M, dim, first, rows, 1.f, grad);
+          return Inputs{get(b, grad)};
         };
         c.differentiable = {0};
       }
@@ -353,9 +377,9 @@ std::vector<OpCase> data_movement_cases() {
   cache.name = "write_cache_rows";
   cache.make_inputs = [] { return Inputs{random_vector(2 * 3 * 5, 20), random_vector(2 * 7 * 5, 21)}; };
   cache.forward = [](Backend& b, Inputs& in) {
-    Values c = in[1];
-    b.write_cache_rows(in[0], 2, 3, 5, 7, 4, c);
-    return Inputs{c};
+    FloatBuffer c = put(b, in[1]);
+    b.write_cache_rows(put(b, in[0]), 2, 3, 5, 7, 4, c);
+    return Inputs{get(b, c)};
   };
   cases.push_back(std::move(cache));
 
@@ -363,12 +387,12 @@ std::vector<OpCase> data_movement_cases() {
   rows.name = "gather_scatter_interleave";
   rows.make_inputs = [] { return Inputs{random_vector(6 * 4, 22), random_vector(3 * 5 * 2, 23)}; };
   rows.forward = [](Backend& b, Inputs& in) {
-    const std::vector<int64_t> which = {5, 0, 3};
-    Values gathered = zeros(3 * 4), scattered = zeros(6 * 4), interleaved = zeros(30);
-    b.gather_rows(in[0], which, 4, gathered);
+    const Buffer<int64_t> which = put(b, std::vector<int64_t>{5, 0, 3});
+    FloatBuffer gathered = put(b, zeros(3 * 4)), scattered = put(b, zeros(6 * 4)), interleaved = put(b, zeros(30));
+    b.gather_rows(put(b, in[0]), which, 4, gathered);
     b.scatter_rows(gathered, which, 4, scattered);
-    b.interleave_column_blocks(in[1], 3, 5, 2, interleaved);
-    return Inputs{gathered, scattered, interleaved};
+    b.interleave_column_blocks(put(b, in[1]), 3, 5, 2, interleaved);
+    return Inputs{get(b, gathered), get(b, scattered), get(b, interleaved)};
   };
   cases.push_back(std::move(rows));
 
@@ -377,17 +401,18 @@ std::vector<OpCase> data_movement_cases() {
   elementwise.make_inputs = [] { return Inputs{random_vector(70001, 24, 3.f), random_vector(70001, 25)}; };
   elementwise.forward = [](Backend& b, Inputs& in) {
     const int64_t n = int64_t(in[0].size());
-    Values copied = zeros(n), row_max = zeros(7), widened = zeros(n);
-    std::vector<uint16_t> narrow(static_cast<size_t>(n));
-    b.copy(in[0], n, copied);
-    Values zeroed = in[1];
+    const FloatBuffer x = put(b, in[0]);
+    FloatBuffer copied = put(b, zeros(n)), row_max = put(b, zeros(7)), widened = put(b, zeros(n)), zeroed = put(b, in[1]);
+    Buffer<uint16_t> narrow;
+    b.resize(narrow, size_t(n));
+    b.copy(x, n, copied);
     b.zero(zeroed, n - 1);  // all but the last
     b.add_into(copied, zeroed, n);
     b.scale(copied, n, 0.37f);
     b.narrow_to_bf16(copied, n, narrow);
     b.widen_bf16(narrow, n, widened);
-    b.row_abs_max(in[0], 7, 10000, row_max);
-    return Inputs{copied, widened, row_max};
+    b.row_abs_max(x, 7, 10000, row_max);
+    return Inputs{get(b, copied), get(b, widened), get(b, row_max)};
   };
   elementwise.tolerance = 0;  // exact on every backend
   cases.push_back(std::move(elementwise));
@@ -400,12 +425,13 @@ std::vector<OpCase> data_movement_cases() {
   };
   adamw.forward = [](Backend& b, Inputs& in) {
     for (float& v : in[3]) v = v * v;  // second moments are ≥ 0
+    FloatBuffer theta = put(b, in[0]), m = put(b, in[2]), v = put(b, in[3]);
     AdamWStep step{true, 0.01f, 5e-5f, 0.1f, 0.001f, 5e-5f * 0.5f, 1e-7f};
     for (bool decay : {true, false}) {
       step.decay = decay;
-      b.adamw_update(in[0], in[1], in[2], in[3], int64_t(in[0].size()), step);
+      b.adamw_update(theta, put(b, in[1]), m, v, int64_t(in[0].size()), step);
     }
-    return Inputs{in[0], in[2], in[3]};
+    return Inputs{get(b, theta), get(b, m), get(b, v)};
   };
   adamw.tolerance = 0;  // Keras' order of roundings, bit for bit on every path
   cases.push_back(std::move(adamw));
@@ -416,15 +442,17 @@ std::vector<OpCase> data_movement_cases() {
   clipping.make_inputs = [] { return Inputs{random_vector(150001, 30, 2.f)}; };
   clipping.forward = [](Backend& b, Inputs& in) {
     const int64_t n = int64_t(in[0].size());
-    const double sum = b.sum_of_squares(in[0], n);
-    Values ratio = in[0], clamped = in[0];
+    const FloatBuffer x = put(b, in[0]);
+    const double sum = b.sum_of_squares(x, n);
+    FloatBuffer ratio = put(b, in[0]), clamped = put(b, in[0]);
     b.scale_by_ratio(ratio, n, 0.7f, float(std::sqrt(sum)));
     b.clamp(clamped, n, 0.5f);
-    Values not_finite = in[0];
-    not_finite[size_t(n - 3)] = NAN;
-    const Values flags = {b.all_finite(in[0], n) ? 1.f : 0.f, b.all_finite(not_finite, n) ? 1.f : 0.f,
+    Values with_nan = in[0];
+    with_nan[size_t(n - 3)] = NAN;
+    const FloatBuffer not_finite = put(b, with_nan);
+    const Values flags = {b.all_finite(x, n) ? 1.f : 0.f, b.all_finite(not_finite, n) ? 1.f : 0.f,
                           b.all_finite(not_finite, n - 3) ? 1.f : 0.f};
-    return Inputs{Values{float(sum)}, ratio, clamped, flags};
+    return Inputs{Values{float(sum)}, get(b, ratio), get(b, clamped), flags};
   };
   clipping.tolerance = 1e-7;  // the sum's order differs (blocks); the rest is exact
   cases.push_back(std::move(clipping));
@@ -475,6 +503,20 @@ const OpCase& find_case(const std::string& name) {
   throw std::runtime_error("no op case " + name);
 }
 
+// Runs case `name` on `backend` and on the reference and holds them to the case's tolerance.
+void expect_matches_reference(Backend& backend, const std::string& name) {
+  const OpCase& c = find_case(name);
+  ReferenceBackend reference;
+  Inputs in_ref = c.make_inputs(), in_dev = c.make_inputs();
+  const Inputs want = c.forward(reference, in_ref), got = c.forward(backend, in_dev);
+  expect_close(got, want, c.tolerance, backend.name() + " " + name + " forward");
+  if (!c.backward) return;
+  const Values dy = random_vector(want[0].size(), 99);
+  Inputs b_ref = c.make_inputs(), b_dev = c.make_inputs();
+  expect_close(c.backward(backend, b_dev, dy), c.backward(reference, b_ref, dy), c.tolerance,
+               backend.name() + " " + name + " backward");
+}
+
 // ---- every op on every CPU path against the reference ----
 
 class BackendOps : public ::testing::TestWithParam<std::tuple<std::string, CpuPath>> {};
@@ -482,18 +524,7 @@ class BackendOps : public ::testing::TestWithParam<std::tuple<std::string, CpuPa
 TEST_P(BackendOps, CpuMatchesReference) {
   const auto& [name, path] = GetParam();
   if (!cpu_supports(path)) GTEST_SKIP() << "this CPU has no " << cpu_path_name(path) << " path";
-  const OpCase& c = find_case(name);
-  ReferenceBackend reference;
-  const std::unique_ptr<CpuBackend> owned = meshtune::testing::cpu_backend_on(path);
-  CpuBackend& cpu = *owned;
-  Inputs in_ref = c.make_inputs(), in_cpu = c.make_inputs();
-  const Inputs want = c.forward(reference, in_ref), got = c.forward(cpu, in_cpu);
-  expect_close(got, want, c.tolerance, cpu.name() + " " + name + " forward");
-  if (!c.backward) return;
-  const Values dy = random_vector(want[0].size(), 99);
-  Inputs b_ref = c.make_inputs(), b_cpu = c.make_inputs();
-  expect_close(c.backward(cpu, b_cpu, dy), c.backward(reference, b_ref, dy), c.tolerance,
-               cpu.name() + " " + name + " backward");
+  expect_matches_reference(*meshtune::testing::cpu_backend_on(path), name);
 }
 
 std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, CpuPath>>& info) {
@@ -503,6 +534,33 @@ std::string param_name(const ::testing::TestParamInfo<std::tuple<std::string, Cp
 INSTANTIATE_TEST_SUITE_P(Registry, BackendOps,
                          ::testing::Combine(::testing::ValuesIn(case_names()), meshtune::testing::kEveryCpuPath),
                          param_name);
+
+// ---- on device memory: every case through upload/download only ----
+
+// The reference's loops on memory tagged as a GPU's: a case that handed an op host memory would
+// fail its operand check — so the registry runs as it is on a real device backend.
+class DeviceMemoryOps : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeviceMemoryOps, EveryCaseRunsOnDeviceTaggedMemory) {
+  ReferenceBackend device(Device::Cuda);
+  expect_matches_reference(device, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, DeviceMemoryOps, ::testing::ValuesIn(case_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+#ifdef MESHTUNE_GPU_TESTS
+// Built again as gpu_test_backend_ops (ctest label gpu): every case on the CUDA backend.
+class CudaOps : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaOps, CudaMatchesReference) {
+  static const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  expect_matches_reference(*gpu, GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, CudaOps, ::testing::ValuesIn(case_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+#endif
 
 // ---- every backward of the reference against finite differences ----
 
@@ -591,3 +649,7 @@ TEST(BackendChecks, BuffersCountTheirAllocations) {
 }
 
 }  // namespace
+
+#ifdef MESHTUNE_GPU_TESTS
+int main(int argc, char** argv) { return meshtune::testing::run_gpu_tests(argc, argv); }
+#endif

@@ -316,13 +316,5 @@ TEST(Cuda, AStepOfASeenShapeAllocatesNothing) {
   EXPECT_EQ(gpu->allocations(), after_first);
 }
 
-int main(int argc, char** argv) {
-  const CudaSystem system = cuda_system();
-  if (system.gpus.empty()) {
-    std::printf("skipped: no GPU to test on (%s)\n", system.unavailable.c_str());
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
+int main(int argc, char** argv) { return meshtune::testing::run_gpu_tests(argc, argv); }
 #endif

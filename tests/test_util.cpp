@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include "backend/cpu_backend.h"
+#include "backend/cuda_devices.h"
 #include "backend/reference_backend.h"
 
 #include <sys/wait.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +22,12 @@
 
 namespace meshtune::testing {
 
-std::string fixture(const std::string& relative) { return std::string(MESHTUNE_FIXTURES_DIR) + "/" + relative; }
+// The fixtures' directory: $MESHTUNE_FIXTURES_DIR when set (another machine's copy, e.g. on the GPU
+// machine), else ../shared/fixtures as found at build time.
+std::string fixture(const std::string& relative) {
+  const char* dir = std::getenv("MESHTUNE_FIXTURES_DIR");
+  return std::string(dir && *dir ? dir : MESHTUNE_FIXTURES_DIR) + "/" + relative;
+}
 
 std::string make_temp_dir(const std::string& tag) {
   std::random_device rd;
@@ -161,6 +168,16 @@ double max_relative_error(const std::vector<float>& got, const std::vector<float
     worst = std::max(worst, std::isnan(e) ? INFINITY : e);
   }
   return worst;
+}
+
+int run_gpu_tests(int argc, char** argv) {
+  const CudaSystem system = cuda_system();
+  if (system.gpus.empty()) {
+    std::printf("skipped: no GPU to test on (%s)\n", system.unavailable.c_str());
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
 }
 
 }  // namespace meshtune::testing

@@ -74,6 +74,9 @@ NextTokenBatch fixture_next_token_batch();
 
 // max over i of |got − want| / max(1, |want|) (infinite for a NaN or a size mismatch).
 double max_relative_error(const std::vector<float>& got, const std::vector<float>& want);
+// main() of a GPU test executable (ctest label gpu): runs its tests when a GPU is usable, else says
+// why and returns 77, which ctest reports as skipped.
+int run_gpu_tests(int argc, char** argv);
 double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace meshtune::testing

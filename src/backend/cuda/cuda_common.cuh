@@ -40,7 +40,7 @@ struct Cublas {
 inline const Cublas& cublas() {
   static const Cublas loaded = [] {
     void* lib = dlopen("libcublas.so." MESHTUNE_CUBLAS_MAJOR, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) lib = dlopen(MESHTUNE_CUBLAS_DIR "/libcublas.so." MESHTUNE_CUBLAS_MAJOR, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen(MESHTUNE_CUDA_LIBRARY_DIR "/libcublas.so." MESHTUNE_CUBLAS_MAJOR, RTLD_NOW | RTLD_LOCAL);
     check(lib != nullptr, "--device cuda: cannot open cuBLAS (libcublas.so." MESHTUNE_CUBLAS_MAJOR "): ", dlerror());
     Cublas c;
     auto symbol = [lib](const char* name) {
