@@ -2,7 +2,7 @@
 // achieved GFLOP/s — on a random fp32 Gemma model, the counterpart of bench/torch_lora_step.py.
 // Prints one JSON line on stdout; progress on stderr.
 //
-//   bench_train [--shape small|2b] [--layers N] [--threads 2] [--steps 5] [--warmup 1]
+//   bench_train [--shape small|2b|7b] [--device cpu|cuda] [--layers N] [--threads 2] [--steps 5] [--warmup 1]
 //               [--batch 2] [--seq-len 128] [--rank 4] [--lr 1e-4] [--breakdown] [--dump FILE]
 //
 // small = the test fixtures' shape (preset_config("tiny", 1000)); 2b = Gemma 2B (18 layers unless
@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "backend/cpu_backend.h"
+#include "backend/cuda_devices.h"
 #include "core/error.h"
 #include "core/random.h"
 #include "io/safetensors.h"
@@ -50,7 +51,8 @@ namespace {
 struct Options {
   std::string shape = "small";
   std::string weights = "f32";  // the frozen base: f32, bf16, or int8 (quantized from f32, Keras' formula)
-  std::string policy = "float32";  // Keras' dtype policy: float32 or mixed_bfloat16 (bf16 matmul inputs)
+  std::string policy = "float32";
+  std::string device = "cpu";  // cpu, or cuda: the step on GPU 0 (the weights uploaded once)  // Keras' dtype policy: float32 or mixed_bfloat16 (bf16 matmul inputs)
   int layers = 0;  // 0 = the shape's default (small 2, 2b 18)
   int threads = 2;
   int steps = 5;
@@ -66,7 +68,9 @@ struct Options {
 Options parse_args(int argc, char** argv) {
   Options o;
   CLI::App app("bench_train: LoRA training steps of a random Gemma model; one JSON line on stdout");
-  app.add_option("--shape", o.shape, "small or 2b")->check(CLI::IsMember({"small", "2b"}));
+  app.add_option("--shape", o.shape, "small, 2b or 7b (Gemma 7B: the tutorial's model)")
+      ->check(CLI::IsMember({"small", "2b", "7b"}));
+  app.add_option("--device", o.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--weights", o.weights, "Frozen base weights: f32, bf16 or int8")
       ->check(CLI::IsMember({"f32", "bf16", "int8"}));
   app.add_option("--dtype-policy", o.policy, "float32, or mixed_bfloat16: bf16 matmul inputs, fp32 sums (an f32 base is stored as bf16)")
@@ -95,7 +99,7 @@ GemmaConfig bench_config(const Options& o) {
     c = preset_config("tiny", 1000);  // vocab 1000, D 64, 4 heads / 1 KV head of 16, FFN 128, family 1
     if (o.layers > 0) c.num_layers = o.layers;
   } else {
-    c = preset_config("gemma_2b_en");
+    c = preset_config(o.shape == "7b" ? "gemma_7b_en" : "gemma_2b_en");
     if (o.layers > 0) c.num_layers = o.layers;
   }
   c.validate("bench_train config");
@@ -172,6 +176,11 @@ int main(int argc, char** argv) {
   meshtune::choose_blas_kernels(argv);  // OpenBLAS's fast kernels even where a VM hides the CPU model
   const Options o = parse_args(argc, argv);
   try {
+    std::unique_ptr<Backend> gpu;  // first: no GPU is one line at once, not after making the weights
+    if (o.device == "cuda") {
+      check(!o.breakdown && o.dump.empty(), "--breakdown and --dump are for --device cpu");
+      gpu = make_cuda_backend(0);
+    }
     // Same thread count for our OpenMP loops and OpenBLAS (one libgomp pool).
     omp_set_num_threads(o.threads);
     openblas_set_num_threads(o.threads);
@@ -246,7 +255,8 @@ int main(int argc, char** argv) {
     }
 
     nlohmann::ordered_json phases;
-    CpuBackend backend;
+    CpuBackend cpu;
+    Backend& backend = gpu ? *gpu : cpu;
     const Context ctx{backend, o.policy == "mixed_bfloat16" ? MatmulPrecision::BF16 : MatmulPrecision::F32};
     if (o.breakdown) phases = breakdown(ctx, model, lora, batch, std::max(1, o.steps));
 
@@ -254,7 +264,7 @@ int main(int argc, char** argv) {
     fit.adamw.learning_rate = o.lr;
     fit.adamw.weight_decay = 0.01;
     fit.adamw.epsilon = 1e-7;
-    Trainer trainer(backend, ctx.precision, std::move(model), lora, fit);
+    Trainer trainer(backend, ctx.precision, gpu ? upload_model(model, *gpu) : std::move(model), lora, fit);
 
     const CpuTimes cpu_start = cpu_times();
     std::vector<double> step_s, losses;
@@ -289,11 +299,12 @@ int main(int argc, char** argv) {
     j["shape"] = o.shape;
     j["weights"] = o.weights;
     j["dtype_policy"] = o.policy;
-    j["bf16_dot_products"] = o.policy != "float32" && backend.path().onednn_bf16;
+    j["device"] = backend.name();
+    j["bf16_dot_products"] = o.policy != "float32" && (gpu || cpu.path().onednn_bf16);
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
     j["cpu_features"] = meshtune::cpu_features().summary();
-    j["kernel_path"] = meshtune::cpu_path_name(backend.path().isa);
+    j["kernel_path"] = meshtune::cpu_path_name(cpu.path().isa);
     j["blas_core"] = openblas_get_corename();
     j["batch"] = B;
     j["seq_len"] = T;
@@ -308,6 +319,7 @@ int main(int argc, char** argv) {
     j["ms_per_step_max"] = 1e3 * *std::max_element(step_s.begin(), step_s.end());
     j["tokens_per_s"] = double(M) / step;
     j["peak_rss_gib"] = rss;
+    if (gpu) j["gpu_memory_gib"] = double(gpu_memory_in_use()) / double(1 << 30);
     j["gflop_per_step"] = flops.total() / 1e9;
     j["gflop_forward"] = flops.forward / 1e9;
     j["gflops"] = flops.total() / step / 1e9;

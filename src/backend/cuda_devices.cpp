@@ -36,6 +36,15 @@ CudaSystem cuda_system() {
   return system;
 }
 
+size_t gpu_memory_in_use() {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return total - free;
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int gpu) {
   const CudaSystem system = cuda_system();
   check(system.unavailable.empty(), "--device cuda: no usable NVIDIA GPU here: ", system.unavailable);
@@ -55,6 +64,8 @@ CudaSystem cuda_system() {
   system.unavailable = "this meshtune was built without the CUDA backend (no CUDA toolkit at build time)";
   return system;
 }
+
+size_t gpu_memory_in_use() { return 0; }
 
 std::unique_ptr<Backend> make_cuda_backend(int) {
   fail("--device cuda: this meshtune was built without the CUDA backend (no CUDA toolkit was found when it was "

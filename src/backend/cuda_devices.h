@@ -28,6 +28,10 @@ struct CudaSystem {
 // What this build and this machine offer (never throws).
 CudaSystem cuda_system();
 
+// Bytes of the current GPU's memory in use (by every process), 0 without one: a CUDA backend keeps
+// what it allocated, so after a run this is its peak (plus the CUDA context's own).
+size_t gpu_memory_in_use();
+
 // The CUDA backend on GPU `gpu`, or — for -1 — on the GPU of this process' local rank (one process
 // per GPU under mpirun). One Error naming `--device cuda` and the reason when it cannot be made.
 std::unique_ptr<Backend> make_cuda_backend(int gpu = -1);
