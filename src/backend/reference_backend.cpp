@@ -9,7 +9,13 @@
 
 namespace meshtune {
 
-void* ReferenceBackend::allocate_impl(size_t bytes) { return allocate_host(bytes); }
+void* ReferenceBackend::allocate_impl(size_t bytes) {
+  void* p = allocate_host(bytes);
+  // As a device stand-in: new memory holds NaNs (all bits set), not the host's zeros, so code that
+  // relies on fresh buffers being zero fails here at once instead of now and then on a GPU.
+  if (memory_ != Device::Host) std::memset(p, 0xff, bytes);
+  return p;
+}
 void ReferenceBackend::release_impl(void* p) { free_host(p); }
 void ReferenceBackend::upload_impl(const void* host, size_t bytes, void* device) {
   if (bytes > 0) std::memcpy(device, host, bytes);
@@ -235,7 +241,8 @@ void ReferenceBackend::attention_impl(const float* q, const float* k, const floa
         const int64_t kv = n / (s.heads / K);
         for (int64_t h = 0; h < H; ++h) {
           double acc = 0;
-          for (int64_t j = 0; j < S; ++j) acc += a.p[size_t(j)] * v[((b * S + j) * K + kv) * H + h];
+          for (int64_t j = 0; j < S; ++j)  // keys not attended to are skipped: their slots may hold anything
+            if (a.p[size_t(j)] != 0) acc += a.p[size_t(j)] * v[((b * S + j) * K + kv) * H + h];
           out[((b * s.query_len + t) * s.heads + n) * H + h] = float(acc);
         }
       }
