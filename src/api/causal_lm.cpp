@@ -277,9 +277,9 @@ GemmaModel GemmaCausalLM::inference_model() const {
 
 GemmaModel GemmaCausalLM::on_backend(const GemmaModel& host) const {
   if (backend_->device() == Device::Host) return host;
-  std::vector<const void*> from = {host.embeddings.data};
+  std::vector<const void*> from;  // every matrix' storage (the embedding is one of them)
   for (const auto& spec : gemma_variables(host.config))
-    if (const WeightMatrix* w = const_cast<GemmaModel&>(host).matrix(spec.slot, spec.layer)) from.push_back(w->data);
+    if (const WeightMatrix* w = host.matrix(spec.slot, spec.layer)) from.push_back(w->data);
   if (!uploaded_ || from != uploaded_from_) {
     uploaded_.reset();  // the old copy's device memory first
     uploaded_ = upload_model(host, *backend_);

@@ -28,7 +28,8 @@ static std::string make_unique_id() {
 }
 
 std::string nccl_unique_id(Communicator& comm) {
-  // Rank 0's failure must not leave the others waiting in the broadcast: an empty id tells them.
+  // Rank 0's failure must not leave the others waiting for the id: its message is broadcast first,
+  // and every rank fails with it.
   std::string id, error;
   if (comm.rank() == 0) {
     try {
@@ -37,9 +38,8 @@ std::string nccl_unique_id(Communicator& comm) {
       error = e.what();
     }
   }
-  std::string message = error;
-  comm.broadcast_bytes(message, 0);
-  check(message.empty(), message);
+  comm.broadcast_bytes(error, 0);
+  check(error.empty(), error);
   comm.broadcast_bytes(id, 0);
   check(id.size() == kNcclUniqueIdBytes, "NCCL: the unique id from rank 0 has ", id.size(), " bytes, not ",
         kNcclUniqueIdBytes);
