@@ -6,7 +6,7 @@
 //   must give the reference's floats (checked).
 // - bf16 weights: fp32 inputs (sgemm on the widened weights), and bf16 inputs (the mixed_bfloat16
 //   policy, MatmulPrecision::BF16) through sgemm on the widened values and through oneDNN's bf16
-//   matmul — which of the two `linear` takes is KernelPath::onednn_bf16; the two must
+//   matmul — which of the two `linear` takes is measured per machine (backend/cpu/routes.h); the two must
 //   agree to fp32 rounding (checked).
 //
 //   bench_gemm [--threads 2] [--repeat 5]
@@ -80,7 +80,9 @@ void report(const Shape3& s, const char* weights, const std::string& impl, int t
 // bf16 weights: the fp32-input product and the two routes of the bf16-input one.
 void bench_bf16(const Shape3& s, int threads, int repeat) {
   const CpuPath best = supported_cpu_paths().back();
-  const KernelPath sgemm = make_kernel_path(best, /*onednn_bf16=*/0), onednn = make_kernel_path(best, /*onednn_bf16=*/1);
+  ProductRoutes all{};
+  all.fill(true);
+  const KernelPath sgemm = make_kernel_path(best), onednn = make_kernel_path(best, all);
   const WeightMatrix W = to_bf16_matrix(WeightMatrix::from_f32(s.N, s.K, normal_values(s.N * s.K, 1)));
   const std::vector<float> x = normal_values(s.M * s.K, 2);
   std::vector<float> y(size_t(s.M * s.N)), sgemm_route(y.size());
@@ -88,7 +90,7 @@ void bench_bf16(const Shape3& s, int threads, int repeat) {
          median_seconds(repeat, [&] { linear(sgemm, x.data(), s.M, W, y.data()); }), {});
   report(s, "bf16", "bf16 inputs: sgemm on widened values", threads,
          median_seconds(repeat, [&] { linear(sgemm, x.data(), s.M, W, sgemm_route.data(), MatmulPrecision::BF16); }), {});
-  if (onednn.onednn_bf16 && s.M > 4) {
+  if (onednn.uses_onednn(Product::Bf16Linear) && s.M > 4) {
     const double t = median_seconds(repeat, [&] { linear(onednn, x.data(), s.M, W, y.data(), MatmulPrecision::BF16); });
     double worst = 0, largest = 0;
     for (size_t i = 0; i < y.size(); ++i) {
@@ -106,7 +108,7 @@ void bench_bf16(const Shape3& s, int threads, int repeat) {
   report(s, "bf16", "backward dx, bf16 inputs: sgemm on widened values", threads, median_seconds(repeat, [&] {
            linear_backward_input(sgemm, dy.data(), s.M, W, dx.data(), false, MatmulPrecision::BF16);
          }), {});
-  if (onednn.onednn_bf16 && s.M > 4)
+  if (onednn.uses_onednn(Product::Bf16Linear) && s.M > 4)
     report(s, "bf16", "backward dx, bf16 inputs: oneDNN bf16 matmul", threads, median_seconds(repeat, [&] {
              linear_backward_input(onednn, dy.data(), s.M, W, dx.data(), false, MatmulPrecision::BF16);
            }), {});
@@ -136,7 +138,7 @@ int main(int argc, char** argv) {
       };
       ReferenceBackend().linear(x, s.M, W, want, MatmulPrecision::F32);
       for (CpuPath isa : supported_cpu_paths()) {
-        const KernelPath ours = make_kernel_path(isa, -1, /*onednn_int8=*/false);  // our kernels at every row count
+        const KernelPath ours = make_kernel_path(isa);  // our kernels at every row count
         const double t = median_seconds(repeat, [&] { linear(ours, x.data(), s.M, W, got.data()); });
         int8_report(std::string("meshtune ") + cpu_path_name(isa), t, got == want);
       }

@@ -300,7 +300,7 @@ int main(int argc, char** argv) {
     j["weights"] = o.weights;
     j["dtype_policy"] = o.policy;
     j["device"] = backend.name();
-    j["bf16_dot_products"] = o.policy != "float32" && (gpu || cpu.path().onednn_bf16);
+    j["bf16_dot_products"] = o.policy != "float32" && (gpu || cpu.path().uses_onednn(Product::Bf16Linear));
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
     j["cpu_features"] = meshtune::cpu_features().summary();

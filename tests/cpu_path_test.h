@@ -11,14 +11,14 @@
 
 namespace meshtune::testing {
 
-// A CpuBackend on `isa` (the CPU must support it), with oneDNN's products as the path would take them
-// unless told otherwise.
+// A CpuBackend on `isa` (the CPU must support it), with the products' measured routes unless told
+// otherwise.
 inline std::unique_ptr<CpuBackend> cpu_backend_on(CpuPath isa, bool onednn_int8 = true,
                                                   std::optional<bool> onednn_bf16 = std::nullopt) {
   CpuBackendOptions options;
   options.isa = isa;
-  options.onednn_int8 = onednn_int8;
-  options.onednn_bf16 = onednn_bf16;
+  if (!onednn_int8) options.force({Product::Int8Linear}, false);
+  if (onednn_bf16) options.force({Product::Bf16Linear, Product::Bf16InputGradient}, *onednn_bf16);
   return std::make_unique<CpuBackend>(options);
 }
 

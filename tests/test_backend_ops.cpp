@@ -535,6 +535,34 @@ INSTANTIATE_TEST_SUITE_P(Registry, BackendOps,
                          ::testing::Combine(::testing::ValuesIn(case_names()), meshtune::testing::kEveryCpuPath),
                          param_name);
 
+// ---- each matrix product's routes forced (backend/cpu/routes.h): both must match the reference ----
+
+class ForcedRoutes : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(ForcedRoutes, EachRouteMatchesReference) {
+  const auto& [name, onednn] = GetParam();
+  CpuBackendOptions options;
+  options.force({Product::F32Linear, Product::F32InputGradient, Product::F32WeightGradient, Product::Bf16Linear,
+                 Product::Bf16InputGradient, Product::Int8Linear},
+                onednn);
+  CpuBackend backend(options);
+  if (onednn && !backend.path().uses_onednn(Product::F32Linear)) GTEST_SKIP() << "built without oneDNN";
+  expect_matches_reference(backend, name);
+}
+
+std::vector<std::string> product_case_names() {
+  std::vector<std::string> names;
+  for (const std::string& name : case_names())
+    if (name.rfind("linear_", 0) == 0) names.push_back(name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, ForcedRoutes,
+                         ::testing::Combine(::testing::ValuesIn(product_case_names()), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_onednn" : "_own");
+                         });
+
 // ---- on device memory: every case through upload/download only ----
 
 // The reference's loops on memory tagged as a GPU's: a case that handed an op host memory would

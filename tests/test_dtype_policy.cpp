@@ -38,8 +38,10 @@ void expect_close_sums(const std::vector<float>& got, const std::vector<float>& 
 // On the avx512bf16 path both routes: oneDNN's bf16 matmul and the widened values through sgemm.
 TEST_P(Bf16Matmul, ForwardAndInputGradientEqualThePlainLoopOverRoundedInputs) {
   for (const bool onednn : {false, true}) {
-    const KernelPath k = make_kernel_path(GetParam(), onednn ? 1 : 0);
-    if (onednn && !k.onednn_bf16) continue;  // not this path, or no oneDNN
+    ProductRoutes routes{};
+    routes.fill(onednn);
+    const KernelPath k = make_kernel_path(GetParam(), routes);
+    if (onednn && !k.uses_onednn(Product::Bf16Linear)) continue;  // not this path, or no oneDNN
     SCOPED_TRACE(onednn ? "oneDNN bf16 matmul" : "widened values through sgemm");
     for (const DType dtype : {DType::F32, DType::BF16})
       for (const int64_t M : {1, 3, 5, 17, 64})
@@ -226,8 +228,8 @@ TEST(DtypePolicyCli, GenerateAndLogitsTakeEveryPolicyAndFinetuneRefusesBfloat16)
 TEST(DtypePolicyCli, Bf16MatmulVariableChoosesAndABadValueIsAnError) {
   const CommandResult sgemm = run_meshtune("info --system", "MESHTUNE_BF16_MATMUL=sgemm");
   ASSERT_EQ(sgemm.exit_code, 0) << sgemm.err;
-  EXPECT_NE(sgemm.out.find("bf16 matmuls (--dtype-policy mixed_bfloat16 / bfloat16: bf16 inputs, fp32 sums): sgemm"),
-            std::string::npos)
+  EXPECT_NE(sgemm.out.find("  bf16 x·Wᵀ: OpenBLAS sgemm — measured"), std::string::npos) << sgemm.out;
+  EXPECT_NE(sgemm.out.find("  bf16 dy·W: OpenBLAS sgemm — measured"), std::string::npos)
       << sgemm.out;
   for (const std::string& args : {std::string("info --system"),
                                  "generate " + fixture(kPreset) + " --prompt hi --max-length 6 --dtype-policy "

@@ -70,11 +70,14 @@ void expect_every_shape_equals_reference(const KernelPath& path) {
 }
 
 TEST_P(Int8Linear, EveryPathEqualsTheReferenceBitForBit) {
-  expect_every_shape_equals_reference(make_kernel_path(GetParam(), -1, /*onednn_int8=*/false));
-  if (!int8_uses_onednn(path(), 5))
+  expect_every_shape_equals_reference(make_kernel_path(GetParam()));
+  ProductRoutes routes{};
+  routes[size_t(Product::Int8Linear)] = true;
+  const KernelPath onednn = make_kernel_path(GetParam(), routes);
+  if (!int8_uses_onednn(onednn, 5))
     GTEST_SKIP() << (cpu::onednn_available() ? "oneDNN's int8 sums are not exact on this CPU (no VNNI): not used"
                                              : "built without oneDNN");
-  expect_every_shape_equals_reference(path());
+  expect_every_shape_equals_reference(onednn);
 }
 
 INSTANTIATE_TEST_SUITE_P(CpuPaths, Int8Linear, kEveryCpuPath, cpu_path_test_name);

@@ -11,6 +11,7 @@
 #include "backend/cpu/int8.h"
 #include "backend/cpu/isa/features.h"
 #include "backend/cpu/linear.h"
+#include "backend/cpu/routes.h"
 #include "backend/cpu/low_rank.h"
 #include "backend/cpu/rmsnorm.h"
 #include "backend/cpu/rope.h"
@@ -18,26 +19,46 @@
 
 namespace meshtune {
 
+// A route variable's value: true for "onednn", false for `own`, unset when the variable is unset.
+static std::optional<bool> route_from_environment(const char* variable, const char* own) {
+  const char* value = std::getenv(variable);
+  if (!value || !*value) return std::nullopt;
+  const std::string choice = value;
+  check(choice == "onednn" || choice == own, variable, "=", brief(choice), ": expected onednn or ", own);
+  return choice == "onednn";
+}
+
 CpuBackendOptions CpuBackendOptions::from_environment() {
   CpuBackendOptions options;
   if (const char* isa = std::getenv("MESHTUNE_CPU"); isa && *isa) {
     options.isa = cpu_path_named(isa, "MESHTUNE_CPU=");
     options.isa_forced = true;
   }
-  if (const char* bf16 = std::getenv("MESHTUNE_BF16_MATMUL"); bf16 && *bf16) {
-    const std::string choice = bf16;
-    check(choice == "onednn" || choice == "sgemm", "MESHTUNE_BF16_MATMUL=", brief(choice), ": expected onednn or sgemm");
-    options.onednn_bf16 = choice == "onednn";
-  }
+  if (auto f32 = route_from_environment("MESHTUNE_F32_MATMUL", "sgemm"))
+    options.force({Product::F32Linear, Product::F32InputGradient, Product::F32WeightGradient}, *f32);
+  if (auto bf16 = route_from_environment("MESHTUNE_BF16_MATMUL", "sgemm"))
+    options.force({Product::Bf16Linear, Product::Bf16InputGradient}, *bf16);
+  if (auto int8 = route_from_environment("MESHTUNE_INT8_MATMUL", "meshtune")) options.force({Product::Int8Linear}, *int8);
   return options;
 }
 
+// The routes asked for, the measured ones where none was (measuring only when one is needed).
+static ProductRoutes chosen_routes(const CpuBackendOptions& options) {
+  ProductRoutes routes{};
+  for (int p = 0; p < kProductKinds; ++p)
+    routes[size_t(p)] = options.onednn[size_t(p)] ? *options.onednn[size_t(p)] : measured_routes().onednn[size_t(p)];
+  return routes;
+}
+
 CpuBackend::CpuBackend(const CpuBackendOptions& options)
-    : path_(make_kernel_path(options.isa.value_or(supported_cpu_paths().back()),
-                             options.onednn_bf16 ? int(*options.onednn_bf16) : -1, options.onednn_int8)),
+    : path_(make_kernel_path(options.isa.value_or(supported_cpu_paths().back()), chosen_routes(options))),
       isa_forced_(options.isa_forced) {}
 
-std::vector<std::string> CpuBackend::report() const { return kernel_report(path_, isa_forced_); }
+std::vector<std::string> CpuBackend::report() const {
+  std::vector<std::string> lines = kernel_report(path_, isa_forced_);
+  for (std::string& line : route_report(path_, measured_routes())) lines.push_back(std::move(line));
+  return lines;
+}
 
 std::string CpuBackend::name() const { return std::string("cpu (") + cpu_path_name(path_.isa) + ")"; }
 
@@ -61,7 +82,7 @@ void CpuBackend::linear_backward_input_impl(const float* dy, int64_t M, const We
 }
 void CpuBackend::linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
                                              float* dW) {
-  meshtune::linear_backward_weight(dy, x, M, rows, cols, dW);
+  meshtune::linear_backward_weight(path_, dy, x, M, rows, cols, dW);
 }
 void CpuBackend::low_rank_impl(const float* x, int64_t M, const LowRankTerm& term, float* y) {
   low_rank_forward(x, M, term, y);

@@ -1,8 +1,10 @@
 // The CPU backend: the kernels of src/kernels — OpenBLAS / oneDNN for the products, OpenMP threads,
-// the generic / AVX2 / AVX-512 / AVX512_BF16 paths of backend/cpu/cpu — on host memory. It chooses
-// its path once, when it is made, and hands it to every kernel (no process-wide kernel state).
+// the generic / AVX2 / AVX-512 / AVX512_BF16 paths of backend/cpu/isa — on host memory. It chooses
+// its path once, when it is made (the products' routes by measurement, backend/cpu/routes.h), and hands it to every kernel (no process-wide kernel state).
 // Tested op by op against ReferenceBackend on every path the machine has (tests/test_backend_ops.cpp).
 #pragma once
+#include <array>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,13 +15,17 @@
 namespace meshtune {
 
 struct CpuBackendOptions {
-  std::optional<CpuPath> isa;       // unset: the best this CPU supports
-  std::optional<bool> onednn_bf16;  // bf16-precision products through oneDNN; unset: only with AMX-BF16
-  bool onednn_int8 = true;          // int8 products of more than 4 rows through oneDNN (where built)
-  bool isa_forced = false;          // isa came from MESHTUNE_CPU (for reports)
+  std::optional<CpuPath> isa;  // unset: the best this CPU supports
+  bool isa_forced = false;     // isa came from MESHTUNE_CPU (for reports)
+  // Per product kind (kernel_path.h): true = oneDNN, false = OpenBLAS / our int8 kernel; unset = the
+  // faster as measured on this machine (backend/cpu/routes.h).
+  std::array<std::optional<bool>, kProductKinds> onednn;
 
-  // MESHTUNE_CPU=generic|avx2|avx512|avx512bf16 and MESHTUNE_BF16_MATMUL=onednn|sgemm, read now;
-  // Error naming the variable for a bad value.
+  void force(std::initializer_list<Product> products, bool use_onednn) {
+    for (Product p : products) onednn[size_t(p)] = use_onednn;
+  }
+  // MESHTUNE_CPU=generic|avx2|avx512|avx512bf16 and MESHTUNE_F32_MATMUL / MESHTUNE_BF16_MATMUL =
+  // onednn|sgemm, MESHTUNE_INT8_MATMUL=onednn|meshtune, read now; Error naming the variable for a bad value.
   static CpuBackendOptions from_environment();
 };
 
@@ -27,7 +33,8 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& options = CpuBackendOptions::from_environment());
   const KernelPath& path() const { return path_; }
-  // Lines for `meshtune info --system` and benchmarks: the CPU, its features, each kernel's route.
+  // Lines for `meshtune info --system` and benchmarks: the CPU, its features, each kernel's route
+  // (with the measured rates of the products' routes).
   std::vector<std::string> report() const;
   std::string name() const override;
   Device device() const override { return Device::Host; }

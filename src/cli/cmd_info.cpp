@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "backend/cpu_backend.h"
+#include "backend/cpu/routes.h"
 #include "backend/cuda_devices.h"
 #include "cli/commands.h"
 #include "cli/mesh_options.h"
@@ -48,6 +49,7 @@ struct Options {
   std::string lora_targets = "query,value";
   MeshOptions mesh;  // --mesh "1x8" ("" = no sharding table), --mesh-axes, --layout, --layout-rule
   bool system = false;
+  bool recalibrate = false;
 };
 }  // namespace
 
@@ -143,7 +145,9 @@ static std::vector<std::string> gpu_report() {
 }
 
 static int run_info(const Options& o) {
+  check(!o.recalibrate || o.system, "--recalibrate needs --system (it measures the matrix products' routes again)");
   if (o.system) {
+    if (o.recalibrate) recalibrate_routes();
     for (const std::string& line : CpuBackend().report()) std::cout << line << "\n";
     for (const std::string& line : gpu_report()) std::cout << line << "\n";
     if (o.model.model.empty()) return 0;
@@ -179,6 +183,8 @@ Runner add_info_command(CLI::App& app) {
   o->model.add_to(*cmd, /*with_lora=*/false, /*required=*/false);
   cmd->add_flag("--system", o->system,
                 "Show the CPU, its features, the kernel paths in use and the BLAS library (MODEL optional)");
+  cmd->add_flag("--recalibrate", o->recalibrate,
+                "With --system: measure the matrix products' routes again instead of reading the cache");
   cmd->add_option("--lora-rank", o->lora_rank, "Show the summary after enable_lora(rank) (trainable vs non-trainable)");
   cmd->add_option("--lora-targets", o->lora_targets, "LoRA targets for --lora-rank (default query,value)");
   cmd->add_option("--batch-size", o->batch_size, "Batch size of the training-memory estimate (default 2)");

@@ -19,7 +19,7 @@ static constexpr int64_t kFewRows = 4;
 // Whether oneDNN's sums are exact here is checked at the first product that would use it (so a run
 // without int8 products never starts oneDNN).
 bool int8_uses_onednn(const KernelPath& path, int64_t M) {
-  return path.onednn_int8 && M > kFewRows && cpu::onednn_int8_exact();
+  return path.uses_onednn(Product::Int8Linear) && M > kFewRows && cpu::onednn_int8_exact();
 }
 
 void linear_int8(const KernelPath& path, const float* x, int64_t M, const WeightMatrix& W, float* y, const float* x_row_max) {

@@ -148,11 +148,14 @@ void linear(const KernelPath& path, const float* x, int64_t M, const WeightMatri
   if (precision == MatmulPrecision::BF16) {
     thread_local Bf16Inputs in;
     const WeightMatrix Wb = bf16_weights(path, W, in.w);
-    if (M > kFewRows && path.onednn_bf16)
-      return cpu::matmul_bf16_onednn(narrow_input(path, x, M * W.cols, in), M, W.cols, Wb.bf16(), W.rows, true, y, false);
+    if (M > kFewRows && path.uses_onednn(Product::Bf16Linear))
+      return cpu::matmul_onednn(true, narrow_input(path, x, M * W.cols, in), false, Wb.bf16(), true, M, W.cols, W.rows, y,
+                                false);
     return linear(path, rounded_input(path, x, M * W.cols, in), M, Wb, y);
   }
   if (M <= kFewRows) return linear_few_rows(path, x, M, W, y);
+  if (W.dtype == DType::F32 && path.uses_onednn(Product::F32Linear))
+    return cpu::matmul_onednn(false, x, false, W.f32(), true, M, W.cols, W.rows, y, false);
   if (W.dtype == DType::F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(W.rows), int(W.cols), 1.f, x, int(W.cols),
                 W.f32(), int(W.cols), 0.f, y, int(W.rows));
@@ -161,18 +164,21 @@ void linear(const KernelPath& path, const float* x, int64_t M, const WeightMatri
   linear_bf16_gemm(path, x, M, W, y);
 }
 
-// ---- backward: dx = dy·W and dW = dyᵀ·x, through OpenBLAS ----------------------------------------
+// ---- backward: dx = dy·W and dW = dyᵀ·x, through OpenBLAS or oneDNN ----------------------------------------
 
 void linear_backward_input(const KernelPath& path, const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate,
                            MatmulPrecision precision) {
   if (precision == MatmulPrecision::BF16 && W.dtype != DType::I8) {
     thread_local Bf16Inputs in;
     const WeightMatrix Wb = bf16_weights(path, W, in.w);
-    if (M > kFewRows && path.onednn_bf16)
-      return cpu::matmul_bf16_onednn(narrow_input(path, dy, M * W.rows, in), M, W.rows, Wb.bf16(), W.cols, false, dx, accumulate);
+    if (M > kFewRows && path.uses_onednn(Product::Bf16InputGradient))
+      return cpu::matmul_onednn(true, narrow_input(path, dy, M * W.rows, in), false, Wb.bf16(), false, M, W.rows, W.cols,
+                                dx, accumulate);
     return linear_backward_input(path, rounded_input(path, dy, M * W.rows, in), M, Wb, dx, accumulate);
   }
   const float beta = accumulate ? 1.f : 0.f;
+  if (W.dtype == DType::F32 && M > kFewRows && path.uses_onednn(Product::F32InputGradient))
+    return cpu::matmul_onednn(false, dy, false, W.f32(), false, M, W.rows, W.cols, dx, accumulate);
   if (W.dtype == DType::F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(W.cols), int(W.rows), 1.f, dy, int(W.rows),
                 W.f32(), int(W.cols), beta, dx, int(W.cols));
@@ -190,7 +196,10 @@ void linear_backward_input(const KernelPath& path, const float* dy, int64_t M, c
   }
 }
 
-void linear_backward_weight(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols, float* dW) {
+void linear_backward_weight(const KernelPath& path, const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
+                            float* dW) {
+  if (M > kFewRows && path.uses_onednn(Product::F32WeightGradient))
+    return cpu::matmul_onednn(false, dy, true, x, false, rows, M, cols, dW, true);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(rows), int(cols), int(M), 1.f, dy, int(rows), x, int(cols),
               1.f, dW, int(cols));
 }

@@ -17,7 +17,7 @@
 
 namespace meshtune {
 
-static std::string cpu_model_name() {
+std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   for (std::string line; std::getline(in, line);)
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
@@ -120,7 +120,19 @@ CpuPath cpu_path_named(const std::string& name, const std::string& what) {
   fail(what, brief(name), ": expected generic, avx2, avx512 or avx512bf16");
 }
 
-KernelPath make_kernel_path(CpuPath isa, int onednn_bf16, bool onednn_int8) {
+const char* product_name(Product p) {
+  switch (p) {
+    case Product::F32Linear: return "f32 x·Wᵀ";
+    case Product::F32InputGradient: return "f32 dy·W";
+    case Product::F32WeightGradient: return "f32 dyᵀ·x";
+    case Product::Bf16Linear: return "bf16 x·Wᵀ";
+    case Product::Bf16InputGradient: return "bf16 dy·W";
+    case Product::Int8Linear: return "int8 x·Wᵀ";
+  }
+  return "?";
+}
+
+KernelPath make_kernel_path(CpuPath isa, ProductRoutes onednn) {
   check(cpu_supports(isa), "kernel path ", cpu_path_name(isa), " is not supported by this CPU (it has: ",
         cpu_features().summary(), ")");
   KernelPath path;
@@ -128,9 +140,10 @@ KernelPath make_kernel_path(CpuPath isa, int onednn_bf16, bool onednn_int8) {
   path.vector = isa == CpuPath::Generic ? &cpu::vector_ops_generic()
                 : isa == CpuPath::Avx2  ? &cpu::vector_ops_avx2()
                                         : &cpu::vector_ops_avx512();
-  const bool want_bf16 = onednn_bf16 < 0 ? cpu_features().amx_bf16 : onednn_bf16 == 1;
-  path.onednn_bf16 = want_bf16 && isa == CpuPath::Avx512Bf16 && cpu::onednn_available();
-  path.onednn_int8 = onednn_int8 && cpu::onednn_available();  // and exact: checked at first use (int8.cpp)
+  for (int p = 0; p < kProductKinds; ++p) {
+    const bool bf16 = Product(p) == Product::Bf16Linear || Product(p) == Product::Bf16InputGradient;
+    path.onednn[size_t(p)] = onednn[size_t(p)] && cpu::onednn_available() && (!bf16 || isa == CpuPath::Avx512Bf16);
+  }
   return path;
 }
 
@@ -167,17 +180,8 @@ std::vector<std::string> kernel_report(const KernelPath& kernels, bool forced) {
           "; supported: " + supported,
       "decode matrix-vector (fp32 and bf16 weights): " + vector_path,
       "bf16 widening for the sgemm path: " + vector_path,
-      "int8 matrix products (Keras int8): " + std::string(path == CpuPath::Avx512Bf16 ? "avx512 vnni (vpdpwssd)" : vector_path) +
-          " for decode; " + (kernels.onednn_int8 && cpu::onednn_int8_exact() ? "oneDNN " + std::string(cpu::onednn_version()) + " (its own ISA choice)"
-                                                      : !cpu::onednn_available() ? std::string("the same kernel (no oneDNN in this build)")
-                                                      : !cpu::onednn_int8_exact() ? std::string("the same kernel (oneDNN's int8 sums are not exact on this CPU: no VNNI)")
-                                                                                  : std::string("the same kernel (oneDNN's int8 turned off)")) +
-          " for more than 4 rows",
-      "bf16 matmuls (--dtype-policy mixed_bfloat16 / bfloat16: bf16 inputs, fp32 sums): " +
-          std::string(kernels.onednn_bf16
-                          ? "oneDNN " + std::string(cpu::onednn_version()) + " bf16 matmul for more than 4 rows"
-                          : "sgemm on the widened bf16 values (bf16 is a storage format here: no AMX-BF16, or no "
-                            "oneDNN; MESHTUNE_BF16_MATMUL=onednn forces oneDNN where AVX512_BF16 exists)"),
+      "int8 matrix-vector (Keras int8, decode): " +
+          std::string(path == CpuPath::Avx512Bf16 ? "avx512 vnni (vpdpwssd)" : vector_path),
       "elementwise kernels (norms, RoPE, attention, GeGLU, loss, AdamW): " + vector_path,
       std::string("BLAS: OpenBLAS ") + openblas_get_config() + ", core " + openblas_get_corename() + ", threading " +
           (parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential") + ", " +

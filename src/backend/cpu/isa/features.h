@@ -19,6 +19,7 @@ struct CpuFeatures {
 };
 
 const CpuFeatures& cpu_features();
+std::string cpu_model_name();  // /proc/cpuinfo's "model name"; empty when unknown
 bool cpu_supports(CpuPath path);
 std::vector<CpuPath> supported_cpu_paths();  // generic first, best last
 const char* cpu_path_name(CpuPath path);  // "generic", "avx2", "avx512", "avx512bf16"

@@ -1,4 +1,4 @@
-// oneDNN's matmul for the int8 and bf16 GEMMs (cpu/onednn.h). Integer sums are exact either way,
+// oneDNN's matmul for the int8, fp32 and bf16 GEMMs (cpu/onednn.h). Integer sums are exact either way,
 // and the int8 dequantization is ours, so those floats are the same bit for bit as our kernels'.
 // Primitives are JIT-compiled once per shape and kept.
 #include "backend/cpu/isa/onednn.h"
@@ -29,7 +29,7 @@ namespace {
 struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  // By (M, rows or K, cols or N, kind): kind 0 int8; bf16: 1 + b_is_n_by_k + 2·accumulate.
+  // By (M, rows or K, cols or N, kind): kind 0 int8; else 1 + bf16 + 2·a_transposed + 4·b_transposed + 8·accumulate.
   std::map<std::tuple<int64_t, int64_t, int64_t, int>, dnnl::matmul::primitive_desc> primitives;
   std::mutex mutex;
 };
@@ -98,15 +98,16 @@ bool onednn_int8_exact() {
   return exact;
 }
 
-void matmul_bf16_onednn(const uint16_t* a, int64_t M, int64_t K, const uint16_t* b, int64_t N, bool b_is_n_by_k,
-                        float* c, bool accumulate) {
+void matmul_onednn(bool bf16, const void* a, bool a_transposed, const void* b, bool b_transposed, int64_t M, int64_t K,
+                   int64_t N, float* c, bool accumulate) {
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   Context& ctx = context();
   std::lock_guard lock(ctx.mutex);
-  const dnnl::memory::desc a_md({M, K}, dt::bf16, tag::ab), b_md({K, N}, dt::bf16, b_is_n_by_k ? tag::ba : tag::ab),
-      c_md({M, N}, dt::f32, tag::ab);
-  auto key = std::make_tuple(M, K, N, 1 + int(b_is_n_by_k) + 2 * int(accumulate));
+  const dt type = bf16 ? dt::bf16 : dt::f32;
+  const dnnl::memory::desc a_md({M, K}, type, a_transposed ? tag::ba : tag::ab),
+      b_md({K, N}, type, b_transposed ? tag::ba : tag::ab), c_md({M, N}, dt::f32, tag::ab);
+  auto key = std::make_tuple(M, K, N, 1 + int(bf16) + 2 * int(a_transposed) + 4 * int(b_transposed) + 8 * int(accumulate));
   auto it = ctx.primitives.find(key);
   if (it == ctx.primitives.end()) {
     dnnl::primitive_attr attr;
@@ -118,7 +119,7 @@ void matmul_bf16_onednn(const uint16_t* a, int64_t M, int64_t K, const uint16_t*
     it = ctx.primitives.emplace(key, dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, ctx.engine))
              .first;
   }
-  dnnl::memory a_mem(a_md, ctx.engine, const_cast<uint16_t*>(a)), b_mem(b_md, ctx.engine, const_cast<uint16_t*>(b)),
+  dnnl::memory a_mem(a_md, ctx.engine, const_cast<void*>(a)), b_mem(b_md, ctx.engine, const_cast<void*>(b)),
       c_mem(c_md, ctx.engine, c);
   dnnl::matmul(it->second).execute(ctx.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
   ctx.stream.wait();
@@ -133,7 +134,7 @@ bool onednn_available() { return false; }
 const char* onednn_version() { return ""; }
 void dot_int8_onednn(const int8_t*, int64_t, const float*, const int8_t*, const float*, int64_t, int64_t, float*) {}
 bool onednn_int8_exact() { return false; }
-void matmul_bf16_onednn(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, bool, float*, bool) {}
+void matmul_onednn(bool, const void*, bool, const void*, bool, int64_t, int64_t, int64_t, float*, bool) {}
 }  // namespace meshtune::cpu
 
 #endif

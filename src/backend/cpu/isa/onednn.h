@@ -1,6 +1,6 @@
-// The products meshtune hands to oneDNN (Debian libdnnl-dev) where the build found it: the int8
-// GEMM of prefill and training (3.6× our own VNNI kernel at 128 × 16384 × 2048) and the bf16 GEMM
-// of the mixed_bfloat16 policy on CPUs with bf16 dot products (AVX512_BF16, AMX). oneDNN picks its
+// The products meshtune hands to oneDNN (Debian libdnnl-dev) where the build found it: the int8,
+// fp32 and bf16 GEMMs of prefill and training, where a CpuBackend measured them faster than OpenBLAS
+// and our own kernels (backend/cpu/routes.h). oneDNN picks its
 // own instruction set (ONEDNN_MAX_CPU_ISA limits it); MESHTUNE_CPU does not reach it. Without
 // oneDNN, onednn_available() is false and callers use their own kernels.
 #pragma once
@@ -21,10 +21,11 @@ void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const in
 // errors of 1.4 relative). Callers keep their own kernels where this is false.
 bool onednn_int8_exact();
 
-// c[M, N] (+)= a[M, K] · B for bf16 a and B, fp32 sums and output. B is b [N, K] row-major read as
-// its transpose when `b_is_n_by_k` (y = x·Wᵀ with W [out, in]), else b [K, N] row-major
-// (dx = dy·W). `accumulate` adds into c.
-void matmul_bf16_onednn(const uint16_t* a, int64_t M, int64_t K, const uint16_t* b, int64_t N, bool b_is_n_by_k,
-                        float* c, bool accumulate);
+// c[M, N] (+)= A · B, fp32 sums and output, both operands fp32 or both bf16 (`bf16`). A [M, K] is
+// `a` row-major, or `a` [K, M] read as its transpose when `a_transposed` (dW = dyᵀ·x); B [K, N] is `b`
+// row-major (dx = dy·W), or `b` [N, K] read as its transpose when `b_transposed` (y = x·Wᵀ with W
+// [out, in]). `accumulate` adds into c.
+void matmul_onednn(bool bf16, const void* a, bool a_transposed, const void* b, bool b_transposed, int64_t M, int64_t K,
+                   int64_t N, float* c, bool accumulate);
 
 }  // namespace meshtune::cpu

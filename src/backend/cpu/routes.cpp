@@ -1,0 +1,205 @@
+#include "backend/cpu/routes.h"
+
+#include <cblas.h>
+#include <cpuid.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include "core/error.h"
+#include "core/file_util.h"
+#include "core/json.h"
+#include "backend/cpu/int8.h"
+#include "backend/cpu/isa/onednn.h"
+#include "backend/cpu/linear.h"
+
+namespace meshtune {
+
+namespace {
+
+bool recalibrate = false;
+
+// What the measurement depends on; a cache file measured under another key is not used.
+std::string cache_key(int threads) {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __get_cpuid(1, &eax, &ebx, &ecx, &edx);  // family, model and stepping: "AMD EPYC" names several generations
+  return "routes v1; cpu " + cpu_model_name() + " (signature " + std::to_string(eax) + "); " + cpu_features().summary() + "; OpenBLAS " +
+         openblas_get_config() + " core " + openblas_get_corename() + "; oneDNN " +
+         (cpu::onednn_available() ? cpu::onednn_version() : "none") + "; threads " + std::to_string(threads);
+}
+
+std::string cache_file(const std::string& key) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a: the same name in every build and run
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  char name[40];
+  std::snprintf(name, sizeof name, "routes-%016llx.json", static_cast<unsigned long long>(h));
+  return cache_directory() + "/" + name;
+}
+
+std::vector<float> random_values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// Times `own` and `onednn` (each one product), interleaved after a warm-up each: median seconds.
+template <typename F, typename G>
+std::pair<double, double> time_both(F&& own, G&& onednn, bool with_onednn) {
+  using Clock = std::chrono::steady_clock;
+  auto seconds = [](auto&& f) {
+    const auto t0 = Clock::now();
+    f();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  own();
+  if (with_onednn) onednn();
+  std::vector<double> a, b;
+  for (int i = 0; i < 3; ++i) {
+    a.push_back(seconds(own));
+    if (with_onednn) b.push_back(seconds(onednn));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  return {median(a), median(b)};
+}
+
+MeasuredRoutes measure(int threads) {
+  const CpuPath isa = supported_cpu_paths().back();
+  ProductRoutes all{};
+  all.fill(true);
+  const KernelPath own = make_kernel_path(isa), onednn = make_kernel_path(isa, all);
+  const int64_t M = 128, rows = 2048, cols = 2048;  // y[M, rows] = x[M, cols] · Wᵀ
+  const double ops = 2.0 * double(M) * double(rows) * double(cols);
+  const WeightMatrix W = WeightMatrix::from_f32(rows, cols, random_values(rows * cols, 1));
+  const WeightMatrix W_bf16 = to_bf16_matrix(W), W_i8 = quantize_matrix_int8(W);
+  const std::vector<float> x = random_values(M * cols, 2), dy = random_values(M * rows, 3);
+  std::vector<float> y(size_t(M * rows)), dx(size_t(M * cols)), dW(size_t(rows * cols));
+
+  MeasuredRoutes m;
+  m.threads = threads;
+  for (int p = 0; p < kProductKinds; ++p) {
+    auto run = [&](const KernelPath& k) {
+      switch (Product(p)) {
+        case Product::F32Linear: return linear(k, x.data(), M, W, y.data());
+        case Product::F32InputGradient: return linear_backward_input(k, dy.data(), M, W, dx.data());
+        case Product::F32WeightGradient: return linear_backward_weight(k, dy.data(), x.data(), M, rows, cols, dW.data());
+        case Product::Bf16Linear: return linear(k, x.data(), M, W_bf16, y.data(), MatmulPrecision::BF16);
+        case Product::Bf16InputGradient:
+          return linear_backward_input(k, dy.data(), M, W_bf16, dx.data(), false, MatmulPrecision::BF16);
+        case Product::Int8Linear: return linear_int8(k, x.data(), M, W_i8, y.data());
+      }
+    };
+    const bool candidate = onednn.uses_onednn(Product(p)) && (Product(p) != Product::Int8Linear || cpu::onednn_int8_exact());
+    const auto [own_s, onednn_s] = time_both([&] { run(own); }, [&] { run(onednn); }, candidate);
+    m.rates[size_t(p)] = {ops / own_s / 1e9, candidate ? ops / onednn_s / 1e9 : 0.0};
+    m.onednn[size_t(p)] = candidate && m.rates[size_t(p)].onednn > 1.02 * m.rates[size_t(p)].own;
+  }
+  return m;
+}
+
+// The cached measurement for `key`, if the file holds a complete, sane one.
+std::optional<MeasuredRoutes> read_cache(const std::string& path, const std::string& key, int threads) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  try {
+    const json j = parse_json(read_file(path, 1 << 16), path);
+    if (j.value("key", "") != key) return std::nullopt;
+    MeasuredRoutes m;
+    m.threads = threads;
+    for (int p = 0; p < kProductKinds; ++p) {
+      const json& e = j.at("products").at(product_name(Product(p)));
+      const double own = e.at("own_gflops").get<double>(), onednn = e.at("onednn_gflops").get<double>();
+      const std::string route = e.at("route").get<std::string>();
+      if (!(std::isfinite(own) && own > 0 && std::isfinite(onednn) && onednn >= 0) || (route != "own" && route != "onednn"))
+        return std::nullopt;
+      m.rates[size_t(p)] = {own, onednn};
+      m.onednn[size_t(p)] = route == "onednn";
+    }
+    m.source = "measured " + j.value("measured", std::string("?")) + ", cached in " + path;
+    return m;
+  } catch (const std::exception&) {
+    return std::nullopt;  // unreadable or from another version: measure again
+  }
+}
+
+void write_cache(const std::string& path, const std::string& key, MeasuredRoutes& m) {
+  char when[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  json j;
+  j["key"] = key;
+  j["measured"] = when;
+  for (int p = 0; p < kProductKinds; ++p)
+    j["products"][product_name(Product(p))] = {{"own_gflops", m.rates[size_t(p)].own},
+                                               {"onednn_gflops", m.rates[size_t(p)].onednn},
+                                               {"route", m.onednn[size_t(p)] ? "onednn" : "own"}};
+  try {
+    std::error_code ec;
+    std::filesystem::create_directories(cache_directory(), ec);
+    write_file_atomic(path, j.dump(2) + "\n");
+    m.source = std::string("measured now (") + when + "), saved in " + path;
+  } catch (const std::exception& e) {
+    m.source = std::string("measured now, not cached: ") + e.what();
+  }
+}
+
+}  // namespace
+
+std::string cache_directory() {
+  if (const char* dir = std::getenv("MESHTUNE_CACHE_DIR"); dir && *dir) return dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/meshtune";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/meshtune";
+  return "/tmp/meshtune-cache";
+}
+
+void recalibrate_routes() { recalibrate = true; }
+
+const MeasuredRoutes& measured_routes() {
+  static std::mutex mutex;
+  static std::map<int, MeasuredRoutes> by_threads;
+  std::lock_guard lock(mutex);
+  const int threads = omp_get_max_threads();
+  if (auto it = by_threads.find(threads); it != by_threads.end()) return it->second;
+  const char* env = std::getenv("MESHTUNE_RECALIBRATE");
+  const bool again = recalibrate || (env && *env && std::string(env) != "0");
+  const std::string key = cache_key(threads), path = cache_file(key);
+  std::optional<MeasuredRoutes> cached = again ? std::nullopt : read_cache(path, key, threads);
+  if (!cached) {
+    cached = measure(threads);
+    write_cache(path, key, *cached);
+  }
+  return by_threads.emplace(threads, std::move(*cached)).first->second;
+}
+
+std::vector<std::string> route_report(const KernelPath& path, const MeasuredRoutes& measured) {
+  std::vector<std::string> lines{"matrix products of more than 4 rows (" + std::to_string(measured.threads) +
+                                 " threads, 128 × 2048 × 2048; " + measured.source + "):"};
+  for (int p = 0; p < kProductKinds; ++p) {
+    const RouteRates& r = measured.rates[size_t(p)];
+    const std::string own = Product(p) == Product::Int8Linear ? "meshtune" : "OpenBLAS sgemm";
+    const std::string unit = Product(p) == Product::Int8Linear ? " GOP/s" : " GFLOP/s";
+    auto rate = [&](double v) { return std::to_string(int(std::lround(v))) + unit; };
+    std::string line = "  " + std::string(product_name(Product(p))) + ": " +
+                       (path.uses_onednn(Product(p)) ? "oneDNN" : own) + " — measured " + own + " " + rate(r.own);
+    line += r.onednn > 0 ? ", oneDNN " + rate(r.onednn) : ", oneDNN not a candidate here";
+    if (path.uses_onednn(Product(p)) != measured.onednn[size_t(p)]) line += " (forced)";
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+}  // namespace meshtune

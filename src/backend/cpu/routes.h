@@ -1,0 +1,44 @@
+// Which implementation each kind of matrix product takes on this machine, chosen by timing the
+// candidates rather than by rules written on other machines: the same oneDNN matmul ran at 150
+// GFLOP/s on one AVX512_BF16 CPU and at 600 on the next, against ~160 for OpenBLAS on both.
+//
+// For each kind (kernel_path.h's Product) both routes run the same product at a Gemma-like shape
+// (128 rows × 2048 × 2048, about 1 GFLOP) after a warm-up, three times each, interleaved; the one
+// with the better median wins (our own route on a tie within 2 %). All kinds take about half a
+// second, once: the result is cached in a small JSON file keyed by the CPU model and features, the
+// OpenBLAS and oneDNN builds and the thread count, in $MESHTUNE_CACHE_DIR, else
+// $XDG_CACHE_HOME/meshtune, else ~/.cache/meshtune (a cache that cannot be read or written is
+// ignored: the run measures and goes on). MESHTUNE_RECALIBRATE=1 or `meshtune info --system
+// --recalibrate` measures again.
+#pragma once
+#include <array>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/kernel_path.h"
+
+namespace meshtune {
+
+struct RouteRates {
+  double own = 0, onednn = 0;  // GFLOP/s (int8: GOP/s); 0 = not a candidate here
+};
+
+struct MeasuredRoutes {
+  ProductRoutes onednn{};  // the faster route per kind
+  std::array<RouteRates, kProductKinds> rates{};
+  int threads = 0;
+  std::string source;  // where the numbers came from: measured now / read from the cache, and the file
+};
+
+// The routes for the current OpenMP thread count: from the cache, else measured (once per process
+// and thread count).
+const MeasuredRoutes& measured_routes();
+// Whether MESHTUNE_RECALIBRATE asks to measure again (also what `info --recalibrate` sets).
+void recalibrate_routes();
+// The directory of meshtune's cache files (see above); may not exist yet.
+std::string cache_directory();
+
+// Lines for `meshtune info --system`: each kind's rates and the route `path` takes.
+std::vector<std::string> route_report(const KernelPath& path, const MeasuredRoutes& measured);
+
+}  // namespace meshtune

@@ -1,0 +1,107 @@
+// The matrix products' routes chosen by measurement (backend/cpu/routes.h): measured once and
+// cached per machine, the cache honoured (a hand-edited route is taken), a damaged or unwritable
+// cache never stops a run, and the variables force a route. The routes' numbers against the
+// reference are test_backend_ops' ForcedRoutes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "backend/cpu/isa/onednn.h"
+#include "core/file_util.h"
+#include "core/json.h"
+#include "test_util.h"
+
+using namespace meshtune;
+using namespace meshtune::testing;
+
+namespace {
+
+std::string only_cache_file(const std::string& dir) {
+  std::string found;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_TRUE(found.empty()) << "a second cache file: " << entry.path();
+    found = entry.path().string();
+  }
+  return found;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(Routes, MeasuredOnceThenReadFromTheCache) {
+  const std::string dir = make_temp_dir("routes") + "/cache";  // does not exist yet: made
+  const std::string env = "MESHTUNE_CACHE_DIR=" + dir;
+  const CommandResult first = run_meshtune("info --system", env);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_TRUE(contains(first.out, "measured now")) << first.out;
+  const std::string file = only_cache_file(dir);
+  ASSERT_FALSE(file.empty());
+  EXPECT_TRUE(contains(first.out, "saved in " + file)) << first.out;
+
+  const CommandResult second = run_meshtune("info --system", env);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_TRUE(contains(second.out, "cached in " + file)) << second.out;
+
+  // A route changed in the file is the route taken: the cache is what decides.
+  json cache = parse_json(read_file(file), file);
+  json& f32 = cache["products"]["f32 x·Wᵀ"];
+  const bool was_onednn = f32["route"] == "onednn";
+  if (!was_onednn && f32["onednn_gflops"].get<double>() == 0) GTEST_SKIP() << "oneDNN is not a candidate here";
+  f32["route"] = was_onednn ? "own" : "onednn";
+  write_file_atomic(file, cache.dump());
+  const CommandResult edited = run_meshtune("info --system", env);
+  ASSERT_EQ(edited.exit_code, 0) << edited.err;
+  EXPECT_TRUE(contains(edited.out, was_onednn ? "  f32 x·Wᵀ: OpenBLAS sgemm — measured" : "  f32 x·Wᵀ: oneDNN — measured"))
+      << edited.out;
+
+  // Asked to measure again (the variable, the flag): measured and saved over the file.
+  for (const std::string& again : {std::string("info --system --recalibrate"), std::string("info --system")}) {
+    const CommandResult r = run_meshtune(again, env + (again == "info --system" ? " MESHTUNE_RECALIBRATE=1" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(contains(r.out, "measured now")) << again << "\n" << r.out;
+    EXPECT_EQ(only_cache_file(dir), file);
+  }
+}
+
+TEST(Routes, ADamagedOrUnwritableCacheIsMeasuredAgain) {
+  const std::string dir = make_temp_dir("routes-damaged");
+  const std::string env = "MESHTUNE_CACHE_DIR=" + dir;
+  ASSERT_EQ(run_meshtune("info --system", env).exit_code, 0);
+  const std::string file = only_cache_file(dir);
+  for (const std::string& damage : {std::string("{\"key\": 1"), std::string("")}) {
+    std::ofstream(file) << damage;
+    const CommandResult r = run_meshtune("info --system", env);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(contains(r.out, "measured now")) << r.out;
+    EXPECT_NO_THROW(parse_json(read_file(file), file));  // written again, whole
+  }
+  // A cache directory that cannot be made: the run measures and goes on, and says so.
+  const CommandResult r = run_meshtune("info --system", "MESHTUNE_CACHE_DIR=" + file + "/under-a-file");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "measured now, not cached: ")) << r.out;
+}
+
+TEST(Routes, VariablesForceARouteAndABadValueIsAnError) {
+  const CommandResult sgemm = run_meshtune("info --system", "MESHTUNE_F32_MATMUL=sgemm MESHTUNE_INT8_MATMUL=meshtune");
+  ASSERT_EQ(sgemm.exit_code, 0) << sgemm.err;
+  for (const char* line : {"  f32 x·Wᵀ: OpenBLAS sgemm", "  f32 dy·W: OpenBLAS sgemm", "  f32 dyᵀ·x: OpenBLAS sgemm",
+                           "  int8 x·Wᵀ: meshtune"})
+    EXPECT_TRUE(contains(sgemm.out, line)) << line << "\n" << sgemm.out;
+  if (cpu::onednn_available()) {
+    const CommandResult onednn = run_meshtune("info --system", "MESHTUNE_F32_MATMUL=onednn");
+    ASSERT_EQ(onednn.exit_code, 0) << onednn.err;
+    EXPECT_TRUE(contains(onednn.out, "  f32 dyᵀ·x: oneDNN")) << onednn.out;
+  }
+  for (const auto& [env, message] : {std::pair<std::string, std::string>{"MESHTUNE_F32_MATMUL=mkl", "MESHTUNE_F32_MATMUL=mkl: expected onednn or sgemm"},
+                                     {"MESHTUNE_INT8_MATMUL=sgemm", "MESHTUNE_INT8_MATMUL=sgemm: expected onednn or meshtune"}}) {
+    const CommandResult bad = run_meshtune("info --system", env);
+    EXPECT_EQ(bad.exit_code, 1) << bad.err;
+    EXPECT_TRUE(contains(bad.err, message)) << bad.err;
+  }
+  const CommandResult flag = run_meshtune("info --recalibrate");
+  EXPECT_EQ(flag.exit_code, 1);
+  EXPECT_TRUE(contains(flag.err, "--recalibrate needs --system")) << flag.err;
+}
+
+}  // namespace
