@@ -542,9 +542,7 @@ class ForcedRoutes : public ::testing::TestWithParam<std::tuple<std::string, boo
 TEST_P(ForcedRoutes, EachRouteMatchesReference) {
   const auto& [name, onednn] = GetParam();
   CpuBackendOptions options;
-  options.force({Product::F32Linear, Product::F32InputGradient, Product::F32WeightGradient, Product::Bf16Linear,
-                 Product::Bf16InputGradient, Product::Int8Linear},
-                onednn);
+  for (int p = 0; p < kProductKinds; ++p) options.onednn[size_t(p)] = onednn;
   CpuBackend backend(options);
   if (onednn && !backend.path().uses_onednn(Product::F32Linear)) GTEST_SKIP() << "built without oneDNN";
   expect_matches_reference(backend, name);

@@ -35,7 +35,9 @@ CpuBackendOptions CpuBackendOptions::from_environment() {
     options.isa_forced = true;
   }
   if (auto f32 = route_from_environment("MESHTUNE_F32_MATMUL", "sgemm"))
-    options.force({Product::F32Linear, Product::F32InputGradient, Product::F32WeightGradient}, *f32);
+    options.force({Product::F32Linear, Product::F32InputGradient, Product::F32WeightGradient, Product::WidenedLinear,
+                   Product::WidenedInputGradient},
+                  *f32);
   if (auto bf16 = route_from_environment("MESHTUNE_BF16_MATMUL", "sgemm"))
     options.force({Product::Bf16Linear, Product::Bf16InputGradient}, *bf16);
   if (auto int8 = route_from_environment("MESHTUNE_INT8_MATMUL", "meshtune")) options.force({Product::Int8Linear}, *int8);

@@ -17,11 +17,13 @@ enum class Product {
   F32Linear,          // y = x·Wᵀ, fp32 inputs (fp32 weights)
   F32InputGradient,   // dx = dy·W, fp32
   F32WeightGradient,  // dW += dyᵀ·x, fp32 (full fine-tuning)
+  WidenedLinear,      // y = x·Wᵀ, fp32 inputs, bf16 W widened to fp32 (frozen bf16 weights under float32)
+  WidenedInputGradient,  // dx = dy·W, fp32 dy, bf16 or int8 W widened to fp32
   Bf16Linear,         // y = x·Wᵀ with bf16 inputs, fp32 sums (mixed_bfloat16 / bfloat16)
   Bf16InputGradient,  // dx = dy·W with bf16 inputs
   Int8Linear,         // Keras int8: exact int32 sums either way
 };
-inline constexpr int kProductKinds = 6;
+inline constexpr int kProductKinds = 8;
 const char* product_name(Product p);  // "f32 x·Wᵀ", …
 using ProductRoutes = std::array<bool, kProductKinds>;  // per kind: true = oneDNN
 

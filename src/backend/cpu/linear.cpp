@@ -117,6 +117,19 @@ static void linear_bf16_gemm(const KernelPath& path, const float* x, int64_t M, 
 }
 
 
+// The same product through oneDNN's f32 matmul: a block of W's rows (16 MiB as fp32) widened by all
+// threads, then one threaded matmul writes that block's columns of y.
+static void linear_widened_onednn(const KernelPath& path, const float* x, int64_t M, const WeightMatrix& W, float* y) {
+  const int64_t block = std::max<int64_t>(64, (int64_t(1) << 22) / W.cols);
+  thread_local std::vector<float> scratch;
+  scratch.resize(size_t(std::min(block, W.rows) * W.cols));
+  for (int64_t r0 = 0; r0 < W.rows; r0 += block) {
+    const int64_t nr = std::min(block, W.rows - r0);
+    widen_bf16_parallel(path, W.bf16() + r0 * W.cols, nr * W.cols, scratch.data());
+    cpu::matmul_onednn(false, M, W.cols, nr, x, W.cols, false, scratch.data(), W.cols, true, y + r0, W.rows, false);
+  }
+}
+
 // ---- bf16 inputs (MatmulPrecision::BF16) --------------------------------------------------------
 
 // The bf16 inputs of a product, kept per thread between calls: `a` (x or dy) as bf16, and as
@@ -149,18 +162,19 @@ void linear(const KernelPath& path, const float* x, int64_t M, const WeightMatri
     thread_local Bf16Inputs in;
     const WeightMatrix Wb = bf16_weights(path, W, in.w);
     if (M > kFewRows && path.uses_onednn(Product::Bf16Linear))
-      return cpu::matmul_onednn(true, narrow_input(path, x, M * W.cols, in), false, Wb.bf16(), true, M, W.cols, W.rows, y,
-                                false);
+      return cpu::matmul_onednn(true, M, W.cols, W.rows, narrow_input(path, x, M * W.cols, in), W.cols, false, Wb.bf16(),
+                                W.cols, true, y, W.rows, false);
     return linear(path, rounded_input(path, x, M * W.cols, in), M, Wb, y);
   }
   if (M <= kFewRows) return linear_few_rows(path, x, M, W, y);
   if (W.dtype == DType::F32 && path.uses_onednn(Product::F32Linear))
-    return cpu::matmul_onednn(false, x, false, W.f32(), true, M, W.cols, W.rows, y, false);
+    return cpu::matmul_onednn(false, M, W.cols, W.rows, x, W.cols, false, W.f32(), W.cols, true, y, W.rows, false);
   if (W.dtype == DType::F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(M), int(W.rows), int(W.cols), 1.f, x, int(W.cols),
                 W.f32(), int(W.cols), 0.f, y, int(W.rows));
     return;
   }
+  if (path.uses_onednn(Product::WidenedLinear)) return linear_widened_onednn(path, x, M, W, y);
   linear_bf16_gemm(path, x, M, W, y);
 }
 
@@ -172,16 +186,15 @@ void linear_backward_input(const KernelPath& path, const float* dy, int64_t M, c
     thread_local Bf16Inputs in;
     const WeightMatrix Wb = bf16_weights(path, W, in.w);
     if (M > kFewRows && path.uses_onednn(Product::Bf16InputGradient))
-      return cpu::matmul_onednn(true, narrow_input(path, dy, M * W.rows, in), false, Wb.bf16(), false, M, W.rows, W.cols,
-                                dx, accumulate);
+      return cpu::matmul_onednn(true, M, W.rows, W.cols, narrow_input(path, dy, M * W.rows, in), W.rows, false, Wb.bf16(),
+                                W.cols, false, dx, W.cols, accumulate);
     return linear_backward_input(path, rounded_input(path, dy, M * W.rows, in), M, Wb, dx, accumulate);
   }
-  const float beta = accumulate ? 1.f : 0.f;
   if (W.dtype == DType::F32 && M > kFewRows && path.uses_onednn(Product::F32InputGradient))
-    return cpu::matmul_onednn(false, dy, false, W.f32(), false, M, W.rows, W.cols, dx, accumulate);
+    return cpu::matmul_onednn(false, M, W.rows, W.cols, dy, W.rows, false, W.f32(), W.cols, false, dx, W.cols, accumulate);
   if (W.dtype == DType::F32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(W.cols), int(W.rows), 1.f, dy, int(W.rows),
-                W.f32(), int(W.cols), beta, dx, int(W.cols));
+                W.f32(), int(W.cols), accumulate ? 1.f : 0.f, dx, int(W.cols));
     return;
   }
   // bf16 / int8 weights: widen (dequantize) a block of rows (a slice of the contraction) at a time and accumulate.
@@ -191,15 +204,19 @@ void linear_backward_input(const KernelPath& path, const float* dy, int64_t M, c
     const int64_t nr = std::min(block, W.rows - r0);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < nr; ++r) row_to_f32(path, W, r0 + r, scratch.data() + r * W.cols);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(W.cols), int(nr), 1.f, dy + r0, int(W.rows),
-                scratch.data(), int(W.cols), r0 == 0 ? beta : 1.f, dx, int(W.cols));
+    const bool add = r0 > 0 || accumulate;
+    if (M > kFewRows && path.uses_onednn(Product::WidenedInputGradient))
+      cpu::matmul_onednn(false, M, nr, W.cols, dy + r0, W.rows, false, scratch.data(), W.cols, false, dx, W.cols, add);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(W.cols), int(nr), 1.f, dy + r0, int(W.rows),
+                  scratch.data(), int(W.cols), add ? 1.f : 0.f, dx, int(W.cols));
   }
 }
 
 void linear_backward_weight(const KernelPath& path, const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
                             float* dW) {
   if (M > kFewRows && path.uses_onednn(Product::F32WeightGradient))
-    return cpu::matmul_onednn(false, dy, true, x, false, rows, M, cols, dW, true);
+    return cpu::matmul_onednn(false, rows, M, cols, dy, rows, true, x, cols, false, dW, cols, true);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(rows), int(cols), int(M), 1.f, dy, int(rows), x, int(cols),
               1.f, dW, int(cols));
 }

@@ -7,18 +7,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <ctime>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <random>
 
 #include "core/error.h"
-#include "core/file_util.h"
 #include "core/json.h"
+#include "core/machine_cache.h"
 #include "backend/cpu/int8.h"
 #include "backend/cpu/isa/onednn.h"
 #include "backend/cpu/linear.h"
@@ -33,17 +30,9 @@ bool recalibrate = false;
 std::string cache_key(int threads) {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   __get_cpuid(1, &eax, &ebx, &ecx, &edx);  // family, model and stepping: "AMD EPYC" names several generations
-  return "routes v1; cpu " + cpu_model_name() + " (signature " + std::to_string(eax) + "); " + cpu_features().summary() + "; OpenBLAS " +
+  return "routes v2; cpu " + cpu_model_name() + " (signature " + std::to_string(eax) + "); " + cpu_features().summary() + "; OpenBLAS " +
          openblas_get_config() + " core " + openblas_get_corename() + "; oneDNN " +
          (cpu::onednn_available() ? cpu::onednn_version() : "none") + "; threads " + std::to_string(threads);
-}
-
-std::string cache_file(const std::string& key) {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a: the same name in every build and run
-  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
-  char name[40];
-  std::snprintf(name, sizeof name, "routes-%016llx.json", static_cast<unsigned long long>(h));
-  return cache_directory() + "/" + name;
 }
 
 std::vector<float> random_values(int64_t n, uint32_t seed) {
@@ -97,6 +86,8 @@ MeasuredRoutes measure(int threads) {
         case Product::F32Linear: return linear(k, x.data(), M, W, y.data());
         case Product::F32InputGradient: return linear_backward_input(k, dy.data(), M, W, dx.data());
         case Product::F32WeightGradient: return linear_backward_weight(k, dy.data(), x.data(), M, rows, cols, dW.data());
+        case Product::WidenedLinear: return linear(k, x.data(), M, W_bf16, y.data());
+        case Product::WidenedInputGradient: return linear_backward_input(k, dy.data(), M, W_bf16, dx.data());
         case Product::Bf16Linear: return linear(k, x.data(), M, W_bf16, y.data(), MatmulPrecision::BF16);
         case Product::Bf16InputGradient:
           return linear_backward_input(k, dy.data(), M, W_bf16, dx.data(), false, MatmulPrecision::BF16);
@@ -111,17 +102,15 @@ MeasuredRoutes measure(int threads) {
   return m;
 }
 
-// The cached measurement for `key`, if the file holds a complete, sane one.
-std::optional<MeasuredRoutes> read_cache(const std::string& path, const std::string& key, int threads) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+// The cached measurement for `key`, if the cache holds a complete, sane one.
+std::optional<MeasuredRoutes> read_cache(const std::string& key, int threads) {
+  const std::optional<json> j = read_machine_cache("routes", key);
+  if (!j) return std::nullopt;
   try {
-    const json j = parse_json(read_file(path, 1 << 16), path);
-    if (j.value("key", "") != key) return std::nullopt;
     MeasuredRoutes m;
     m.threads = threads;
     for (int p = 0; p < kProductKinds; ++p) {
-      const json& e = j.at("products").at(product_name(Product(p)));
+      const json& e = j->at("products").at(product_name(Product(p)));
       const double own = e.at("own_gflops").get<double>(), onednn = e.at("onednn_gflops").get<double>();
       const std::string route = e.at("route").get<std::string>();
       if (!(std::isfinite(own) && own > 0 && std::isfinite(onednn) && onednn >= 0) || (route != "own" && route != "onednn"))
@@ -129,42 +118,24 @@ std::optional<MeasuredRoutes> read_cache(const std::string& path, const std::str
       m.rates[size_t(p)] = {own, onednn};
       m.onednn[size_t(p)] = route == "onednn";
     }
-    m.source = "measured " + j.value("measured", std::string("?")) + ", cached in " + path;
+    m.source = "measured " + j->value("measured", std::string("?")) + ", cached in " + machine_cache_path("routes", key);
     return m;
   } catch (const std::exception&) {
-    return std::nullopt;  // unreadable or from another version: measure again
+    return std::nullopt;  // from another version: measured again
   }
 }
 
-void write_cache(const std::string& path, const std::string& key, MeasuredRoutes& m) {
-  char when[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+void write_cache(const std::string& key, MeasuredRoutes& m) {
   json j;
-  j["key"] = key;
-  j["measured"] = when;
   for (int p = 0; p < kProductKinds; ++p)
     j["products"][product_name(Product(p))] = {{"own_gflops", m.rates[size_t(p)].own},
                                                {"onednn_gflops", m.rates[size_t(p)].onednn},
                                                {"route", m.onednn[size_t(p)] ? "onednn" : "own"}};
-  try {
-    std::error_code ec;
-    std::filesystem::create_directories(cache_directory(), ec);
-    write_file_atomic(path, j.dump(2) + "\n");
-    m.source = std::string("measured now (") + when + "), saved in " + path;
-  } catch (const std::exception& e) {
-    m.source = std::string("measured now, not cached: ") + e.what();
-  }
+  const std::string where = write_machine_cache("routes", key, j);
+  m.source = "measured now, " + where;
 }
 
 }  // namespace
-
-std::string cache_directory() {
-  if (const char* dir = std::getenv("MESHTUNE_CACHE_DIR"); dir && *dir) return dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/meshtune";
-  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/meshtune";
-  return "/tmp/meshtune-cache";
-}
 
 void recalibrate_routes() { recalibrate = true; }
 
@@ -176,11 +147,11 @@ const MeasuredRoutes& measured_routes() {
   if (auto it = by_threads.find(threads); it != by_threads.end()) return it->second;
   const char* env = std::getenv("MESHTUNE_RECALIBRATE");
   const bool again = recalibrate || (env && *env && std::string(env) != "0");
-  const std::string key = cache_key(threads), path = cache_file(key);
-  std::optional<MeasuredRoutes> cached = again ? std::nullopt : read_cache(path, key, threads);
+  const std::string key = cache_key(threads);
+  std::optional<MeasuredRoutes> cached = again ? std::nullopt : read_cache(key, threads);
   if (!cached) {
     cached = measure(threads);
-    write_cache(path, key, *cached);
+    write_cache(key, *cached);
   }
   return by_threads.emplace(threads, std::move(*cached)).first->second;
 }

@@ -5,9 +5,8 @@
 // For each kind (kernel_path.h's Product) both routes run the same product at a Gemma-like shape
 // (128 rows × 2048 × 2048, about 1 GFLOP) after a warm-up, three times each, interleaved; the one
 // with the better median wins (our own route on a tie within 2 %). All kinds take about half a
-// second, once: the result is cached in a small JSON file keyed by the CPU model and features, the
-// OpenBLAS and oneDNN builds and the thread count, in $MESHTUNE_CACHE_DIR, else
-// $XDG_CACHE_HOME/meshtune, else ~/.cache/meshtune (a cache that cannot be read or written is
+// second, once: the result is cached (core/machine_cache.h) under the CPU model and features, the
+// OpenBLAS and oneDNN builds and the thread count (a cache that cannot be read or written is
 // ignored: the run measures and goes on). MESHTUNE_RECALIBRATE=1 or `meshtune info --system
 // --recalibrate` measures again.
 #pragma once
@@ -35,8 +34,6 @@ struct MeasuredRoutes {
 const MeasuredRoutes& measured_routes();
 // Whether MESHTUNE_RECALIBRATE asks to measure again (also what `info --recalibrate` sets).
 void recalibrate_routes();
-// The directory of meshtune's cache files (see above); may not exist yet.
-std::string cache_directory();
 
 // Lines for `meshtune info --system`: each kind's rates and the route `path` takes.
 std::vector<std::string> route_report(const KernelPath& path, const MeasuredRoutes& measured);

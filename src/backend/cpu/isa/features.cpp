@@ -125,6 +125,8 @@ const char* product_name(Product p) {
     case Product::F32Linear: return "f32 x·Wᵀ";
     case Product::F32InputGradient: return "f32 dy·W";
     case Product::F32WeightGradient: return "f32 dyᵀ·x";
+    case Product::WidenedLinear: return "f32 x·Wᵀ, W bf16";
+    case Product::WidenedInputGradient: return "f32 dy·W, W bf16/int8";
     case Product::Bf16Linear: return "bf16 x·Wᵀ";
     case Product::Bf16InputGradient: return "bf16 dy·W";
     case Product::Int8Linear: return "int8 x·Wᵀ";

@@ -4,12 +4,12 @@
 #include "backend/cpu/isa/onednn.h"
 
 #ifdef MESHTUNE_HAVE_ONEDNN
+#include <array>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
-#include <tuple>
 #include <vector>
 
 namespace meshtune::cpu {
@@ -29,8 +29,9 @@ namespace {
 struct Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  // By (M, rows or K, cols or N, kind): kind 0 int8; else 1 + bf16 + 2·a_transposed + 4·b_transposed + 8·accumulate.
-  std::map<std::tuple<int64_t, int64_t, int64_t, int>, dnnl::matmul::primitive_desc> primitives;
+  // By (M, rows or K, cols or N, kind, leading dimensions): kind 0 int8; else 1 + bf16 + 2·a_transposed +
+  // 4·b_transposed + 8·accumulate.
+  std::map<std::array<int64_t, 7>, dnnl::matmul::primitive_desc> primitives;
   std::mutex mutex;
 };
 
@@ -51,7 +52,7 @@ void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const in
   // ("ba"); the sums [M, rows] in int32.
   const dnnl::memory::desc x_md({M, cols}, dt::s8, tag::ab), w_md({cols, rows}, dt::s8, tag::ba),
       acc_md({M, rows}, dt::s32, tag::ab);
-  auto key = std::make_tuple(M, rows, cols, 0);
+  const std::array<int64_t, 7> key{M, rows, cols, 0, 0, 0, 0};
   auto it = c.primitives.find(key);
   if (it == c.primitives.end())
     it = c.primitives.emplace(key, dnnl::matmul::primitive_desc(dnnl::matmul::desc(x_md, w_md, acc_md), c.engine)).first;
@@ -98,16 +99,18 @@ bool onednn_int8_exact() {
   return exact;
 }
 
-void matmul_onednn(bool bf16, const void* a, bool a_transposed, const void* b, bool b_transposed, int64_t M, int64_t K,
-                   int64_t N, float* c, bool accumulate) {
+void matmul_onednn(bool bf16, int64_t M, int64_t K, int64_t N, const void* a, int64_t lda, bool a_transposed,
+                   const void* b, int64_t ldb, bool b_transposed, float* c, int64_t ldc, bool accumulate) {
   using dt = dnnl::memory::data_type;
-  using tag = dnnl::memory::format_tag;
   Context& ctx = context();
   std::lock_guard lock(ctx.mutex);
   const dt type = bf16 ? dt::bf16 : dt::f32;
-  const dnnl::memory::desc a_md({M, K}, type, a_transposed ? tag::ba : tag::ab),
-      b_md({K, N}, type, b_transposed ? tag::ba : tag::ab), c_md({M, N}, dt::f32, tag::ab);
-  auto key = std::make_tuple(M, K, N, 1 + int(bf16) + 2 * int(a_transposed) + 4 * int(b_transposed) + 8 * int(accumulate));
+  // Row-major with a leading dimension; a transposed operand swaps the strides.
+  auto strides = [](int64_t ld, bool transposed) { return transposed ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1}; };
+  const dnnl::memory::desc a_md({M, K}, type, strides(lda, a_transposed)), b_md({K, N}, type, strides(ldb, b_transposed)),
+      c_md({M, N}, dt::f32, strides(ldc, false));
+  const std::array<int64_t, 7> key{M, K, N, 1 + int(bf16) + 2 * int(a_transposed) + 4 * int(b_transposed) + 8 * int(accumulate),
+                                   lda, ldb, ldc};
   auto it = ctx.primitives.find(key);
   if (it == ctx.primitives.end()) {
     dnnl::primitive_attr attr;
@@ -134,7 +137,8 @@ bool onednn_available() { return false; }
 const char* onednn_version() { return ""; }
 void dot_int8_onednn(const int8_t*, int64_t, const float*, const int8_t*, const float*, int64_t, int64_t, float*) {}
 bool onednn_int8_exact() { return false; }
-void matmul_onednn(bool, const void*, bool, const void*, bool, int64_t, int64_t, int64_t, float*, bool) {}
+void matmul_onednn(bool, int64_t, int64_t, int64_t, const void*, int64_t, bool, const void*, int64_t, bool, float*, int64_t,
+                   bool) {}
 }  // namespace meshtune::cpu
 
 #endif

@@ -21,11 +21,11 @@ void dot_int8_onednn(const int8_t* x, int64_t M, const float* x_scales, const in
 // errors of 1.4 relative). Callers keep their own kernels where this is false.
 bool onednn_int8_exact();
 
-// c[M, N] (+)= A · B, fp32 sums and output, both operands fp32 or both bf16 (`bf16`). A [M, K] is
-// `a` row-major, or `a` [K, M] read as its transpose when `a_transposed` (dW = dyᵀ·x); B [K, N] is `b`
-// row-major (dx = dy·W), or `b` [N, K] read as its transpose when `b_transposed` (y = x·Wᵀ with W
-// [out, in]). `accumulate` adds into c.
-void matmul_onednn(bool bf16, const void* a, bool a_transposed, const void* b, bool b_transposed, int64_t M, int64_t K,
-                   int64_t N, float* c, bool accumulate);
+// c[M, N] (+)= A · B, fp32 sums and output, both operands fp32 or both bf16 (`bf16`); each matrix
+// row-major with its leading dimension (lda, ldb, ldc: elements between rows as stored). A [M, K]
+// is stored as [K, M] when `a_transposed` (dW = dyᵀ·x); B [K, N] is stored as [N, K] when
+// `b_transposed` (y = x·Wᵀ with W [out, in]). `accumulate` adds into c.
+void matmul_onednn(bool bf16, int64_t M, int64_t K, int64_t N, const void* a, int64_t lda, bool a_transposed,
+                   const void* b, int64_t ldb, bool b_transposed, float* c, int64_t ldc, bool accumulate);
 
 }  // namespace meshtune::cpu
