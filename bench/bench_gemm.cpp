@@ -9,6 +9,10 @@
 //   matmul — which of the two `linear` takes is measured per machine (backend/cpu/routes.h); the two must
 //   agree to fp32 rounding (checked).
 //
+// - every product kind's two routes (OpenBLAS / our kernel against oneDNN, backend/cpu/routes.h) at
+//   the prefill shapes, and whether the route chosen by measurement is within 5 % of the faster.
+// Each rate comes with its fraction of this machine's peak for the arithmetic used (machine_limits.h).
+//
 //   bench_gemm [--threads 2] [--repeat 5]
 #include <CLI/CLI.hpp>
 #include <omp.h>
@@ -27,7 +31,10 @@
 #include "backend/cpu/isa/int8_dot.h"
 #include "backend/cpu/isa/onednn.h"
 #include "backend/cpu/int8.h"
+#include "backend/cpu/routes.h"
+#include "backend/cpu_backend.h"
 #include "backend/cpu/linear.h"
+#include "machine_limits.h"
 #include "run_stats.h"
 
 using namespace meshtune;
@@ -60,8 +67,16 @@ double median_seconds(int repeat, F&& f) {
   return median(s);
 }
 
+// This machine's arithmetic peaks (machine_limits.h), measured once in main.
+struct Peaks {
+  double fp32 = 0, bf16 = 0, int8 = 0;
+};
+Peaks peaks;
+
 // One JSON line: the shape, the weights' dtype, the implementation, the time and the rate
-// (GOPS for integer products, GFLOP/s for float ones), and what it was checked against.
+// (GOPS for integer products, GFLOP/s for float ones) with its fraction of the peak of the
+// arithmetic it used (int8 dot, bf16 dot for oneDNN's bf16 matmul, else fp32 FMA), and what it
+// was checked against.
 void report(const Shape3& s, const char* weights, const std::string& impl, int threads, double seconds,
             const nlohmann::ordered_json& check) {
   const double ops = 2.0 * double(s.M) * double(s.N) * double(s.K);
@@ -72,7 +87,12 @@ void report(const Shape3& s, const char* weights, const std::string& impl, int t
   j["threads"] = threads;
   j["cpu_features"] = cpu_features().summary();
   j["ms"] = seconds * 1e3;
-  j[std::string(weights) == "int8" ? "gops" : "gflops"] = ops / seconds / 1e9;
+  const bool int8 = std::string(weights) == "int8", bf16_dot = impl.find("oneDNN") != std::string::npos &&
+                                                                  impl.find("bf16 inputs") != std::string::npos;
+  j[int8 ? "gops" : "gflops"] = ops / seconds / 1e9;
+  const double peak = int8 ? peaks.int8 : bf16_dot ? peaks.bf16 : peaks.fp32;
+  j["peak_kind"] = int8 ? "int8 dot (vpdpbusd)" : bf16_dot ? "bf16 dot (vdpbf16ps)" : "fp32 FMA";
+  if (peak > 0) j["fraction_of_peak"] = ops / seconds / 1e9 / peak;
   for (const auto& [key, value] : check.items()) j[key] = value;
   std::cout << j.dump() << std::endl;
 }
@@ -114,6 +134,33 @@ void bench_bf16(const Shape3& s, int threads, int repeat) {
            }), {});
 }
 
+// Every product kind's two routes (backend/cpu/routes.h) at a model shape, and whether the route a
+// CpuBackend takes by default (measured once at 128 × 2048 × 2048) is within 5 % of the faster here.
+void bench_routes(const Shape3& s, int threads, int repeat) {
+  const CpuPath best = supported_cpu_paths().back();
+  ProductRoutes all{};
+  all.fill(true);
+  const KernelPath own = make_kernel_path(best), onednn = make_kernel_path(best, all);
+  const KernelPath chosen = CpuBackend().path();
+  ProductProbe probe(s.M, s.N, s.K);
+  for (int p = 0; p < kProductKinds; ++p) {
+    const Product kind = Product(p);
+    if (!onednn.uses_onednn(kind) || (kind == Product::Int8Linear && !cpu::onednn_int8_exact())) continue;
+    const double own_s = median_seconds(repeat, [&] { probe.run(kind, own); });
+    const double onednn_s = median_seconds(repeat, [&] { probe.run(kind, onednn); });
+    const double chosen_s = chosen.uses_onednn(kind) ? onednn_s : own_s;
+    const char* weights = kind == Product::Int8Linear ? "int8" : "routes";
+    const bool bf16_inputs = kind == Product::Bf16Linear || kind == Product::Bf16InputGradient;
+    const std::string name = product_name(kind);
+    report(s, weights, name + ": own route", threads, own_s, {});
+    report(s, weights, name + std::string(": oneDNN") + (bf16_inputs ? " bf16 inputs" : ""), threads, onednn_s, {});
+    report(s, weights, name + ": default (measured) route" + (chosen.uses_onednn(kind) && bf16_inputs ? ", oneDNN bf16 inputs" : ""),
+           threads, chosen_s,
+           {{"default_route", chosen.uses_onednn(kind) ? "onednn" : "own"},
+            {"default_within_5pct_of_fastest", chosen_s <= 1.05 * std::min(own_s, onednn_s)}});
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,6 +172,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     omp_set_num_threads(threads);
+    peaks = {bench::fma_f32_peak_gflops(threads), bench::bf16_dot_peak_gflops(threads), bench::int8_dot_peak_gops(threads)};
+    std::cerr << "bench_gemm: peaks on " << threads << " threads: fp32 FMA " << peaks.fp32 << " GFLOP/s, bf16 dot "
+              << peaks.bf16 << " GFLOP/s, int8 dot " << peaks.int8 << " GOP/s\n";
     const Shape3 shapes[] = {{"prefill q/gate (128x16384x2048)", 128, 16384, 2048},
                              {"prefill down (128x2048x16384)", 128, 2048, 16384},
                              {"decode gate (1x16384x2048)", 1, 16384, 2048},
@@ -154,6 +204,8 @@ int main(int argc, char** argv) {
       int8_report(std::string("oneDNN ") + cpu::onednn_version(), t, got == want);
     }
     for (const Shape3& s : shapes) bench_bf16(s, threads, repeat);
+    for (const Shape3& s : shapes)
+      if (s.M > 4 && s.N * s.K <= 16384 * 2048) bench_routes(s, threads, repeat);  // the LM head's 2 GB of fp32 W: left out
   } catch (const std::exception& e) {
     std::cerr << "bench_gemm: " << e.what() << "\n";
     return 1;

@@ -40,6 +40,7 @@
 #include "model/init.h"
 #include "model/lora.h"
 #include "model/variables.h"
+#include "machine_limits.h"
 #include "run_stats.h"
 #include "train/trainer.h"
 
@@ -188,7 +189,9 @@ int main(int argc, char** argv) {
     const int64_t B = o.batch, T = o.seq_len, M = B * T, V = c.vocab_size;
 
     auto t0 = Clock::now();
-    GemmaModel model = random_model(c, 1234, o.weights == "bf16" ? DType::BF16 : DType::F32);
+    // The 7B shape's int8 base is quantized from bf16 weights: fp32 ones (34 GB) do not fit here.
+    const bool bf16_base = o.weights == "bf16" || (o.weights == "int8" && o.shape == "7b");
+    GemmaModel model = random_model(c, 1234, bf16_base ? DType::BF16 : DType::F32);
     if (o.weights == "int8")
       for (const VariableSpec& spec : gemma_variables(c))
         if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
@@ -323,6 +326,15 @@ int main(int argc, char** argv) {
     j["gflop_per_step"] = flops.total() / 1e9;
     j["gflop_forward"] = flops.forward / 1e9;
     j["gflops"] = flops.total() / step / 1e9;
+    if (!gpu) {  // the peak of the arithmetic the products used: bf16 dot products, else fp32 FMA
+      const bool bf16 = j["bf16_dot_products"].get<bool>();
+      const double peak = bf16 ? bench::bf16_dot_peak_gflops(o.threads) : bench::fma_f32_peak_gflops(o.threads);
+      j["peak_gflops"] = peak;
+      j["peak_kind"] = bf16 ? "bf16 dot (vdpbf16ps)"
+                       : o.weights == "int8" ? "fp32 FMA (the backward's; the int8 forward's peak is higher)"
+                                             : "fp32 FMA";
+      if (peak > 0) j["fraction_of_peak"] = flops.total() / step / 1e9 / peak;
+    }
     j["first_loss"] = losses.front();
     j["last_loss"] = losses.back();
     j["foreign_cpus"] = foreign_cpus(cpu_start, cpu_end);  // > ~0.1: another process competed

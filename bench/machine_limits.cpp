@@ -104,7 +104,83 @@ float sum_floats(const float* p, size_t n) {
   return sum_floats_generic(p, n);
 }
 
+// One thread's share of a peak probe: `iterations` × 16 instructions on 16 independent
+// accumulators; returns a value the caller keeps so the loop is not optimised away.
+constexpr int64_t kPeakIterations = 1 << 22;
+
+__attribute__((target("avx512f"))) float fma_loop_avx512() {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_set1_ps(float(j));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+  for (int64_t i = 0; i < kPeakIterations; ++i)
+    for (auto& v : acc) v = _mm512_fmadd_ps(v, a, b);
+  for (int j = 1; j < 16; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+__attribute__((target("avx2,fma"))) float fma_loop_avx2() {
+  __m256 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm256_set1_ps(float(j));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(0.001f);
+  for (int64_t i = 0; i < kPeakIterations; ++i)
+    for (auto& v : acc) v = _mm256_fmadd_ps(v, a, b);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc[15]);
+  return lanes[0];
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float bf16_dot_loop() {
+  __m512 acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_set1_ps(float(j));
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3a83);  // 1.0, ~0.001
+  for (int64_t i = 0; i < kPeakIterations; ++i)
+    for (auto& v : acc) v = _mm512_dpbf16_ps(v, a, b);
+  for (int j = 1; j < 16; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  return _mm512_reduce_add_ps(acc[0]);
+}
+
+__attribute__((target("avx512f,avx512vnni"))) float int8_dot_loop() {
+  __m512i acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_set1_epi32(j);
+  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(-1);
+  for (int64_t i = 0; i < kPeakIterations; ++i)
+    for (auto& v : acc) v = _mm512_dpbusd_epi32(v, a, b);
+  for (int j = 1; j < 16; ++j) acc[0] = _mm512_add_epi32(acc[0], acc[j]);
+  return float(_mm512_reduce_add_epi32(acc[0]));
+}
+
+// Runs `loop` on `threads` threads at once, 5 times after a warm-up: the median rate, counting
+// `ops_per_instruction` for each of the threads' kPeakIterations × 16 instructions.
+double peak_rate(float (*loop)(), double ops_per_instruction, int threads) {
+  static volatile float sink = 0;
+  std::vector<double> rates;
+  for (int r = 0; r < 6; ++r) {
+    float total = 0;
+    auto t0 = Clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    total += loop();
+    const double s = seconds_since(t0);
+    sink = sink + total;
+    if (r > 0) rates.push_back(double(threads) * double(kPeakIterations) * 16 * ops_per_instruction / s / 1e9);
+  }
+  return median(rates);
+}
+
 }  // namespace
+
+double fma_f32_peak_gflops(int threads) {
+  if (cpu_supports(CpuPath::Avx512)) return peak_rate(fma_loop_avx512, 32, threads);
+  if (cpu_supports(CpuPath::Avx2)) return peak_rate(fma_loop_avx2, 16, threads);
+  return 0;
+}
+
+double bf16_dot_peak_gflops(int threads) {
+  return cpu_supports(CpuPath::Avx512Bf16) ? peak_rate(bf16_dot_loop, 64, threads) : 0;
+}
+
+double int8_dot_peak_gops(int threads) {
+  return cpu_supports(CpuPath::Avx512Bf16) ? peak_rate(int8_dot_loop, 128, threads) : 0;  // that path implies VNNI
+}
 
 double sgemm_gflops(int M, int N, int K, bool b_transposed, int reps) {
   std::vector<float> a(size_t(M) * K), b(size_t(N) * K), c(size_t(M) * N);

@@ -181,13 +181,15 @@ void expect_meshes_follow_one_process(const std::string& model, const std::strin
 
 // LoRA over an int8 base (--quantize int8) split over the batch axis, and over tensor-parallel heads
 // and FFN width, gives the one-process run: the first step's loss to rounding; later ones within
-// 1e-4, because the last-bit differences of the split sums (5e-4 of the weights, see expect_same)
-// can flip an activation's int8 code (int8.md §6), which moves the loss by one quantization step.
+// 3e-4, because the last-bit differences of the split sums (5e-4 of the weights, see expect_same)
+// can flip an activation's int8 code (int8.md §6), which moves the loss by one quantization step:
+// 1.4e-4 at step 4 when dy·W over the dequantized weights runs on oneDNN's f32 matmul (its split
+// sums differ in more last bits than OpenBLAS'; 1e-8 with MESHTUNE_F32_MATMUL=sgemm).
 // Generation after training (the adapter as low-rank terms over the int8 parts) gives the same
 // tokens, from a Keras int8 preset too. A layout whose int8 blocks would have to be all-gathered
 // (--no-tensor-parallel) is a clear error on every rank.
 TEST(DistributedInt8, DataAndTensorParallelEqualOneDevice) {
-  expect_meshes_follow_one_process(fixture("keras/preset-gemma-tiny"), "--quantize int8", 1e-4, make_temp_dir("dist-int8"));
+  expect_meshes_follow_one_process(fixture("keras/preset-gemma-tiny"), "--quantize int8", 3e-4, make_temp_dir("dist-int8"));
   const std::string preset = fixture("keras2/preset-gemma-tiny-int8");
   const std::string generate = "--threads 1 generate " + preset + " --prompt 'The licenses' --max-length 12 --no-stop --json";
   const CommandResult whole = run_job_command(generate, "");

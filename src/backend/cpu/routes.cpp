@@ -30,7 +30,7 @@ bool recalibrate = false;
 std::string cache_key(int threads) {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   __get_cpuid(1, &eax, &ebx, &ecx, &edx);  // family, model and stepping: "AMD EPYC" names several generations
-  return "routes v2; cpu " + cpu_model_name() + " (signature " + std::to_string(eax) + "); " + cpu_features().summary() + "; OpenBLAS " +
+  return "routes v3; cpu " + cpu_model_name() + " (signature " + std::to_string(eax) + "); " + cpu_features().summary() + "; OpenBLAS " +
          openblas_get_config() + " core " + openblas_get_corename() + "; oneDNN " +
          (cpu::onednn_available() ? cpu::onednn_version() : "none") + "; threads " + std::to_string(threads);
 }
@@ -71,32 +71,14 @@ MeasuredRoutes measure(int threads) {
   ProductRoutes all{};
   all.fill(true);
   const KernelPath own = make_kernel_path(isa), onednn = make_kernel_path(isa, all);
-  const int64_t M = 128, rows = 2048, cols = 2048;  // y[M, rows] = x[M, cols] · Wᵀ
-  const double ops = 2.0 * double(M) * double(rows) * double(cols);
-  const WeightMatrix W = WeightMatrix::from_f32(rows, cols, random_values(rows * cols, 1));
-  const WeightMatrix W_bf16 = to_bf16_matrix(W), W_i8 = quantize_matrix_int8(W);
-  const std::vector<float> x = random_values(M * cols, 2), dy = random_values(M * rows, 3);
-  std::vector<float> y(size_t(M * rows)), dx(size_t(M * cols)), dW(size_t(rows * cols));
-
+  ProductProbe probe(128, 4096, 2048);
   MeasuredRoutes m;
   m.threads = threads;
   for (int p = 0; p < kProductKinds; ++p) {
-    auto run = [&](const KernelPath& k) {
-      switch (Product(p)) {
-        case Product::F32Linear: return linear(k, x.data(), M, W, y.data());
-        case Product::F32InputGradient: return linear_backward_input(k, dy.data(), M, W, dx.data());
-        case Product::F32WeightGradient: return linear_backward_weight(k, dy.data(), x.data(), M, rows, cols, dW.data());
-        case Product::WidenedLinear: return linear(k, x.data(), M, W_bf16, y.data());
-        case Product::WidenedInputGradient: return linear_backward_input(k, dy.data(), M, W_bf16, dx.data());
-        case Product::Bf16Linear: return linear(k, x.data(), M, W_bf16, y.data(), MatmulPrecision::BF16);
-        case Product::Bf16InputGradient:
-          return linear_backward_input(k, dy.data(), M, W_bf16, dx.data(), false, MatmulPrecision::BF16);
-        case Product::Int8Linear: return linear_int8(k, x.data(), M, W_i8, y.data());
-      }
-    };
-    const bool candidate = onednn.uses_onednn(Product(p)) && (Product(p) != Product::Int8Linear || cpu::onednn_int8_exact());
-    const auto [own_s, onednn_s] = time_both([&] { run(own); }, [&] { run(onednn); }, candidate);
-    m.rates[size_t(p)] = {ops / own_s / 1e9, candidate ? ops / onednn_s / 1e9 : 0.0};
+    const Product kind = Product(p);
+    const bool candidate = onednn.uses_onednn(kind) && (kind != Product::Int8Linear || cpu::onednn_int8_exact());
+    const auto [own_s, onednn_s] = time_both([&] { probe.run(kind, own); }, [&] { probe.run(kind, onednn); }, candidate);
+    m.rates[size_t(p)] = {probe.ops() / own_s / 1e9, candidate ? probe.ops() / onednn_s / 1e9 : 0.0};
     m.onednn[size_t(p)] = candidate && m.rates[size_t(p)].onednn > 1.02 * m.rates[size_t(p)].own;
   }
   return m;
@@ -137,6 +119,33 @@ void write_cache(const std::string& key, MeasuredRoutes& m) {
 
 }  // namespace
 
+ProductProbe::ProductProbe(int64_t M, int64_t rows, int64_t cols)
+    : M_(M),
+      rows_(rows),
+      cols_(cols),
+      W_(WeightMatrix::from_f32(rows, cols, random_values(rows * cols, 1))),
+      W_bf16_(to_bf16_matrix(W_)),
+      W_i8_(quantize_matrix_int8(W_)),
+      x_(random_values(M * cols, 2)),
+      dy_(random_values(M * rows, 3)),
+      y_(static_cast<size_t>(M * rows)),
+      dx_(static_cast<size_t>(M * cols)),
+      dW_(static_cast<size_t>(rows * cols)) {}
+
+void ProductProbe::run(Product p, const KernelPath& k) {
+  switch (p) {
+    case Product::F32Linear: return linear(k, x_.data(), M_, W_, y_.data());
+    case Product::F32InputGradient: return linear_backward_input(k, dy_.data(), M_, W_, dx_.data());
+    case Product::F32WeightGradient: return linear_backward_weight(k, dy_.data(), x_.data(), M_, rows_, cols_, dW_.data());
+    case Product::WidenedLinear: return linear(k, x_.data(), M_, W_bf16_, y_.data());
+    case Product::WidenedInputGradient: return linear_backward_input(k, dy_.data(), M_, W_bf16_, dx_.data());
+    case Product::Bf16Linear: return linear(k, x_.data(), M_, W_bf16_, y_.data(), MatmulPrecision::BF16);
+    case Product::Bf16InputGradient:
+      return linear_backward_input(k, dy_.data(), M_, W_bf16_, dx_.data(), false, MatmulPrecision::BF16);
+    case Product::Int8Linear: return linear_int8(k, x_.data(), M_, W_i8_, y_.data());
+  }
+}
+
 void recalibrate_routes() { recalibrate = true; }
 
 const MeasuredRoutes& measured_routes() {
@@ -158,7 +167,7 @@ const MeasuredRoutes& measured_routes() {
 
 std::vector<std::string> route_report(const KernelPath& path, const MeasuredRoutes& measured) {
   std::vector<std::string> lines{"matrix products of more than 4 rows (" + std::to_string(measured.threads) +
-                                 " threads, 128 × 2048 × 2048; " + measured.source + "):"};
+                                 " threads, 128 × 4096 × 2048; " + measured.source + "):"};
   for (int p = 0; p < kProductKinds; ++p) {
     const RouteRates& r = measured.rates[size_t(p)];
     const std::string own = Product(p) == Product::Int8Linear ? "meshtune" : "OpenBLAS sgemm";

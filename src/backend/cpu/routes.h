@@ -3,18 +3,22 @@
 // GFLOP/s on one AVX512_BF16 CPU and at 600 on the next, against ~160 for OpenBLAS on both.
 //
 // For each kind (kernel_path.h's Product) both routes run the same product at a Gemma-like shape
-// (128 rows × 2048 × 2048, about 1 GFLOP) after a warm-up, three times each, interleaved; the one
-// with the better median wins (our own route on a tie within 2 %). All kinds take about half a
-// second, once: the result is cached (core/machine_cache.h) under the CPU model and features, the
+// (128 rows × 4096 × 2048, about 2 GFLOP) after a warm-up, three times each, interleaved; the one
+// with the better median wins (our own route on a tie within 2 %). The shape matters: at 2048 × 2048
+// the weights stay in the L3 cache and oneDNN on widened bf16 weights looked 1.9× faster than
+// sgemm's tiles, while at the model's 16384 × 2048 it is 0.85× (4096 × 2048 ranks them as the model's
+// shapes do, bench_gemm's route rows). All kinds take about 1.3 s on 2 cores, once: the result is cached (core/machine_cache.h) under the CPU model and features, the
 // OpenBLAS and oneDNN builds and the thread count (a cache that cannot be read or written is
 // ignored: the run measures and goes on). MESHTUNE_RECALIBRATE=1 or `meshtune info --system
 // --recalibrate` measures again.
 #pragma once
 #include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/kernel_path.h"
+#include "core/weight_matrix.h"
 
 namespace meshtune {
 
@@ -27,6 +31,20 @@ struct MeasuredRoutes {
   std::array<RouteRates, kProductKinds> rates{};
   int threads = 0;
   std::string source;  // where the numbers came from: measured now / read from the cache, and the file
+};
+
+// Random operands for one product of every kind, y[M, rows] = x[M, cols]·Wᵀ (and its gradients),
+// to time the routes: here at the calibration shape, in bench_gemm at the model's.
+class ProductProbe {
+ public:
+  ProductProbe(int64_t M, int64_t rows, int64_t cols);
+  void run(Product p, const KernelPath& path);  // one product of kind p, on the route `path` gives it
+  double ops() const { return 2.0 * double(M_) * double(rows_) * double(cols_); }
+
+ private:
+  int64_t M_, rows_, cols_;
+  WeightMatrix W_, W_bf16_, W_i8_;
+  std::vector<float> x_, dy_, y_, dx_, dW_;
 };
 
 // The routes for the current OpenMP thread count: from the cache, else measured (once per process
