@@ -13,7 +13,7 @@
 //   the prefill shapes, and whether the route chosen by measurement is within 5 % of the faster.
 // Each rate comes with its fraction of this machine's peak for the arithmetic used (machine_limits.h).
 //
-//   bench_gemm [--threads 2] [--repeat 5]
+//   bench_gemm [--threads 2] [--repeat 5] [--routes-only]
 #include <CLI/CLI.hpp>
 #include <omp.h>
 
@@ -169,6 +169,8 @@ int main(int argc, char** argv) {
   CLI::App app("bench_gemm: int8 and bf16 matrix products, ours and oneDNN's; JSON lines on stdout");
   app.add_option("--threads", threads, "OpenMP threads (oneDNN uses the same pool)")->check(CLI::PositiveNumber);
   app.add_option("--repeat", repeat, "Timed repeats (the median is reported)")->check(CLI::PositiveNumber);
+  bool routes_only = false;
+  app.add_flag("--routes-only", routes_only, "Only the product kinds' two routes at the prefill shapes");
   CLI11_PARSE(app, argc, argv);
   try {
     omp_set_num_threads(threads);
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
                              {"decode gate (1x16384x2048)", 1, 16384, 2048},
                              {"LM head chunk (131x256000x2048)", 131, 256000, 2048}};
     for (const Shape3& s : shapes) {
+      if (routes_only) break;
       const WeightMatrix W = quantize_matrix_int8(WeightMatrix::from_f32(s.N, s.K, normal_values(s.N * s.K, 1)));
       const std::vector<float> x = normal_values(s.M * s.K, 2);
       std::vector<float> want(size_t(s.M * s.N)), got(want.size());
@@ -203,9 +206,12 @@ int main(int argc, char** argv) {
       });
       int8_report(std::string("oneDNN ") + cpu::onednn_version(), t, got == want);
     }
-    for (const Shape3& s : shapes) bench_bf16(s, threads, repeat);
+    for (const Shape3& s : shapes)
+      if (!routes_only) bench_bf16(s, threads, repeat);
     for (const Shape3& s : shapes)
       if (s.M > 4 && s.N * s.K <= 16384 * 2048) bench_routes(s, threads, repeat);  // the LM head's 2 GB of fp32 W: left out
+    // The tutorial's step: Gemma 7B's gate/up projection on a batch of 2 × 128 tokens.
+    bench_routes({"7B train gate (256x24576x3072)", 256, 24576, 3072}, threads, repeat);
   } catch (const std::exception& e) {
     std::cerr << "bench_gemm: " << e.what() << "\n";
     return 1;
