@@ -9,6 +9,9 @@
 #include <string>
 
 #include "backend/cpu/isa/onednn.h"
+#include "backend/cpu/routes.h"
+#include "backend/cpu_backend.h"
+#include "backend/reference_backend.h"
 #include "core/file_util.h"
 #include "core/json.h"
 #include "test_util.h"
@@ -80,6 +83,36 @@ TEST(Routes, ADamagedOrUnwritableCacheIsMeasuredAgain) {
   const CommandResult r = run_meshtune("info --system", "MESHTUNE_CACHE_DIR=" + file + "/under-a-file");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "measured now, not cached: ")) << r.out;
+}
+
+// A product of 1 GFLOP or more gets its route measured at its own shape, once: both routes timed,
+// the choice kept (a second product of the shape measures nothing) and saved in the cache; the
+// result is the product's either way.
+TEST(Routes, LargeProductsAreMeasuredAtTheirOwnShape) {
+  const std::string dir = make_temp_dir("routes-shape");
+  setenv("MESHTUNE_CACHE_DIR", dir.c_str(), 1);  // this process' first use of the routes
+  CpuBackend backend;
+  const int64_t M = 100, rows = 4096, cols = 1500;  // 2·M·rows·cols = 1.2 GFLOP; M's bucket is 128
+  ASSERT_GE(2.0 * M * rows * cols, kShapeRouteFlops);
+  const std::vector<float> x = random_vector(size_t(M * cols), 1), w = random_vector(size_t(rows * cols), 2);
+  const WeightMatrix W = WeightMatrix::from_f32(rows, cols, w);
+  std::vector<float> y(size_t(M * rows)), want(y.size());
+  backend.linear(x, M, W, y, MatmulPrecision::F32);
+  const std::string name = "f32 x·Wᵀ at 128 × 4096 × 1500";
+  const MeasuredRoutes& routes = measured_routes();
+  if (!backend.path().uses_onednn(Product::F32Linear) && routes.rates[size_t(Product::F32Linear)].onednn == 0)
+    GTEST_SKIP() << "oneDNN is not a candidate here";
+  ASSERT_EQ(routes.shapes.count(name), 1u);
+  const ShapeRoute measured = routes.shapes.at(name);
+  EXPECT_GT(measured.rates.own, 0);
+  EXPECT_GT(measured.rates.onednn, 0);
+  EXPECT_EQ(measured.onednn, measured.rates.onednn > 1.02 * measured.rates.own);
+  backend.linear(x, M, W, y, MatmulPrecision::F32);  // the same shape: nothing measured again
+  EXPECT_EQ(routes.shapes.at(name).rates.own, measured.rates.own);
+  ReferenceBackend().linear(x, M, W, want, MatmulPrecision::F32);
+  for (size_t i = 0; i < y.size(); i += 97) ASSERT_NEAR(y[i], want[i], 1e-3f) << i;
+  const json cache = parse_json(read_file(only_cache_file(dir)), dir);
+  EXPECT_EQ(cache.at("shapes").at(name).at("route"), measured.onednn ? "onednn" : "own");
 }
 
 TEST(Routes, VariablesForceARouteAndABadValueIsAnError) {

@@ -1,7 +1,9 @@
 #include "backend/cpu_backend.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "backend/cpu/activation.h"
@@ -9,6 +11,7 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/cross_entropy.h"
 #include "backend/cpu/int8.h"
+#include "backend/cpu/isa/onednn.h"
 #include "backend/cpu/isa/features.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/routes.h"
@@ -54,7 +57,30 @@ static ProductRoutes chosen_routes(const CpuBackendOptions& options) {
 
 CpuBackend::CpuBackend(const CpuBackendOptions& options)
     : path_(make_kernel_path(options.isa.value_or(supported_cpu_paths().back()), chosen_routes(options))),
-      isa_forced_(options.isa_forced) {}
+      isa_forced_(options.isa_forced) {
+  for (int p = 0; p < kProductKinds; ++p) forced_[size_t(p)] = options.onednn[size_t(p)].has_value();
+}
+
+KernelPath CpuBackend::path_for(Product kind, int64_t M, int64_t rows, int64_t cols, int64_t output_floats,
+                                const std::function<void(const KernelPath&, float* scratch)>& run) const {
+  if (forced_[size_t(kind)] || M <= 4 || 2.0 * double(M) * double(rows) * double(cols) < kShapeRouteFlops) return path_;
+  ProductRoutes all{};
+  all.fill(true);
+  if (!make_kernel_path(path_.isa, all).uses_onednn(kind)) return path_;  // oneDNN cannot take it here
+  if (kind == Product::Int8Linear && !cpu::onednn_int8_exact()) return path_;
+  auto with_route = [&](bool onednn) {
+    KernelPath k = path_;
+    k.onednn[size_t(kind)] = onednn;
+    return k;
+  };
+  std::vector<float> scratch;  // only while a new shape is timed
+  return with_route(route_at_shape(kind, M, rows, cols, [&](bool onednn) {
+    scratch.resize(size_t(output_floats));
+    const auto t0 = std::chrono::steady_clock::now();
+    run(with_route(onednn), scratch.data());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }));
+}
 
 std::vector<std::string> CpuBackend::report() const {
   std::vector<std::string> lines = kernel_report(path_, isa_forced_);
@@ -73,18 +99,37 @@ void CpuBackend::download_impl(const void* device, size_t bytes, void* host) {
   if (bytes > 0) std::memcpy(host, device, bytes);
 }
 
+// The products: each takes the route path_for gives its kind and shape; a first product of a large
+// new shape is timed on both routes into scratch memory first.
 void CpuBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
                              const float* x_row_max) {
-  if (W.dtype == DType::I8 && x_row_max) return linear_int8(path_, x, M, W, y, x_row_max);
-  meshtune::linear(path_, x, M, W, y, precision);
+  const bool int8 = W.dtype == DType::I8;
+  auto product = [&](const KernelPath& k, float* out) {
+    if (int8 && x_row_max) return linear_int8(k, x, M, W, out, x_row_max);
+    meshtune::linear(k, x, M, W, out, precision);
+  };
+  const Product kind = int8                                ? Product::Int8Linear
+                       : precision == MatmulPrecision::BF16 ? Product::Bf16Linear
+                       : W.dtype == DType::F32              ? Product::F32Linear
+                                                            : Product::WidenedLinear;
+  product(path_for(kind, M, W.rows, W.cols, M * W.rows, product), y);
 }
 void CpuBackend::linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,
                                             bool accumulate, MatmulPrecision precision) {
-  meshtune::linear_backward_input(path_, dy, M, W, dx, accumulate, precision);
+  const Product kind = precision == MatmulPrecision::BF16 && W.dtype != DType::I8 ? Product::Bf16InputGradient
+                       : W.dtype == DType::F32                                   ? Product::F32InputGradient
+                                                                                 : Product::WidenedInputGradient;
+  const KernelPath k = path_for(kind, M, W.rows, W.cols, M * W.cols, [&](const KernelPath& p, float* out) {
+    meshtune::linear_backward_input(p, dy, M, W, out, false, precision);
+  });
+  meshtune::linear_backward_input(k, dy, M, W, dx, accumulate, precision);
 }
 void CpuBackend::linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
                                              float* dW) {
-  meshtune::linear_backward_weight(path_, dy, x, M, rows, cols, dW);
+  const KernelPath k = path_for(Product::F32WeightGradient, M, rows, cols, rows * cols, [&](const KernelPath& p, float* out) {
+    meshtune::linear_backward_weight(p, dy, x, M, rows, cols, out);
+  });
+  meshtune::linear_backward_weight(k, dy, x, M, rows, cols, dW);
 }
 void CpuBackend::low_rank_impl(const float* x, int64_t M, const LowRankTerm& term, float* y) {
   low_rank_forward(x, M, term, y);

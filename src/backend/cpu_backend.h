@@ -4,6 +4,7 @@
 // Tested op by op against ReferenceBackend on every path the machine has (tests/test_backend_ops.cpp).
 #pragma once
 #include <array>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -104,7 +105,14 @@ class CpuBackend final : public Backend {
   bool all_finite_impl(const float* x, int64_t n) override;
 
  private:
+  // path_, with the route of `kind` for this product: the kind's unless the product is large
+  // enough to be measured at its own shape (backend/cpu/routes.h) and the route was not forced.
+  // `run` runs the product on a given path into `output_floats` of scratch memory (to time it).
+  KernelPath path_for(Product kind, int64_t M, int64_t rows, int64_t cols, int64_t output_floats,
+                      const std::function<void(const KernelPath&, float* scratch)>& run) const;
+
   KernelPath path_;
+  ProductRoutes forced_{};  // kinds whose route the options fixed: never measured per shape
   bool isa_forced_ = false;
 };
 

@@ -100,6 +100,14 @@ std::optional<MeasuredRoutes> read_cache(const std::string& key, int threads) {
       m.rates[size_t(p)] = {own, onednn};
       m.onednn[size_t(p)] = route == "onednn";
     }
+    if (j->contains("shapes"))
+      for (const auto& [name, e] : j->at("shapes").items()) {
+        const double own = e.at("own_gflops").get<double>(), onednn = e.at("onednn_gflops").get<double>();
+        const std::string route = e.at("route").get<std::string>();
+        if (!(std::isfinite(own) && own > 0 && std::isfinite(onednn) && onednn > 0) || (route != "own" && route != "onednn"))
+          return std::nullopt;
+        m.shapes[name] = {{own, onednn}, route == "onednn"};
+      }
     m.source = "measured " + j->value("measured", std::string("?")) + ", cached in " + machine_cache_path("routes", key);
     return m;
   } catch (const std::exception&) {
@@ -107,14 +115,34 @@ std::optional<MeasuredRoutes> read_cache(const std::string& key, int threads) {
   }
 }
 
-void write_cache(const std::string& key, MeasuredRoutes& m) {
+std::string write_cache(const std::string& key, const MeasuredRoutes& m) {
   json j;
   for (int p = 0; p < kProductKinds; ++p)
     j["products"][product_name(Product(p))] = {{"own_gflops", m.rates[size_t(p)].own},
                                                {"onednn_gflops", m.rates[size_t(p)].onednn},
                                                {"route", m.onednn[size_t(p)] ? "onednn" : "own"}};
-  const std::string where = write_machine_cache("routes", key, j);
-  m.source = "measured now, " + where;
+  for (const auto& [name, shape] : m.shapes)
+    j["shapes"][name] = {{"own_gflops", shape.rates.own},
+                         {"onednn_gflops", shape.rates.onednn},
+                         {"route", shape.onednn ? "onednn" : "own"}};
+  return write_machine_cache("routes", key, j);
+}
+
+std::mutex routes_mutex;
+std::map<int, MeasuredRoutes> routes_by_threads;
+
+// The routes for `threads`; routes_mutex held.
+MeasuredRoutes& routes_for(int threads) {
+  if (auto it = routes_by_threads.find(threads); it != routes_by_threads.end()) return it->second;
+  const char* env = std::getenv("MESHTUNE_RECALIBRATE");
+  const bool again = recalibrate || (env && *env && std::string(env) != "0");
+  const std::string key = cache_key(threads);
+  std::optional<MeasuredRoutes> cached = again ? std::nullopt : read_cache(key, threads);
+  if (!cached) {
+    cached = measure(threads);
+    cached->source = "measured now, " + write_cache(key, *cached);
+  }
+  return routes_by_threads.emplace(threads, std::move(*cached)).first->second;
 }
 
 }  // namespace
@@ -149,20 +177,31 @@ void ProductProbe::run(Product p, const KernelPath& k) {
 void recalibrate_routes() { recalibrate = true; }
 
 const MeasuredRoutes& measured_routes() {
-  static std::mutex mutex;
-  static std::map<int, MeasuredRoutes> by_threads;
-  std::lock_guard lock(mutex);
+  std::lock_guard lock(routes_mutex);
+  return routes_for(omp_get_max_threads());
+}
+
+bool route_at_shape(Product kind, int64_t M, int64_t rows, int64_t cols, const std::function<double(bool onednn)>& time_route) {
+  std::lock_guard lock(routes_mutex);
   const int threads = omp_get_max_threads();
-  if (auto it = by_threads.find(threads); it != by_threads.end()) return it->second;
-  const char* env = std::getenv("MESHTUNE_RECALIBRATE");
-  const bool again = recalibrate || (env && *env && std::string(env) != "0");
-  const std::string key = cache_key(threads);
-  std::optional<MeasuredRoutes> cached = again ? std::nullopt : read_cache(key, threads);
-  if (!cached) {
-    cached = measure(threads);
-    write_cache(key, *cached);
+  MeasuredRoutes& routes = routes_for(threads);
+  int64_t bucket = 1;
+  while (bucket < M) bucket *= 2;
+  const std::string name = std::string(product_name(kind)) + " at " + std::to_string(bucket) + " × " +
+                           std::to_string(rows) + " × " + std::to_string(cols);
+  if (auto it = routes.shapes.find(name); it != routes.shapes.end()) return it->second.onednn;
+  time_route(false);  // warm-ups: oneDNN compiles its kernel for the shape, pages are touched
+  time_route(true);
+  double own = 1e300, onednn = 1e300;
+  for (int i = 0; i < 2; ++i) {
+    own = std::min(own, time_route(false));
+    onednn = std::min(onednn, time_route(true));
   }
-  return by_threads.emplace(threads, std::move(*cached)).first->second;
+  const double ops = 2.0 * double(M) * double(rows) * double(cols);
+  ShapeRoute shape{{ops / own / 1e9, ops / onednn / 1e9}, onednn * 1.02 < own};
+  routes.shapes[name] = shape;
+  write_cache(cache_key(threads), routes);  // best effort: a cache that cannot be written is ignored
+  return shape.onednn;
 }
 
 std::vector<std::string> route_report(const KernelPath& path, const MeasuredRoutes& measured) {
@@ -178,6 +217,14 @@ std::vector<std::string> route_report(const KernelPath& path, const MeasuredRout
     line += r.onednn > 0 ? ", oneDNN " + rate(r.onednn) : ", oneDNN not a candidate here";
     if (path.uses_onednn(Product(p)) != measured.onednn[size_t(p)]) line += " (forced)";
     lines.push_back(line);
+  }
+  if (!measured.shapes.empty()) lines.push_back("measured at their own shapes (products of 1 GFLOP or more):");
+  for (const auto& [name, shape] : measured.shapes) {
+    const bool int8 = name.rfind("int8", 0) == 0;
+    const std::string unit = int8 ? " GOP/s" : " GFLOP/s";
+    auto rate = [&](double v) { return std::to_string(int(std::lround(v))) + unit; };
+    lines.push_back("  " + name + ": " + (shape.onednn ? "oneDNN" : int8 ? "meshtune" : "OpenBLAS sgemm") + " — measured " +
+                    (int8 ? "meshtune " : "OpenBLAS sgemm ") + rate(shape.rates.own) + ", oneDNN " + rate(shape.rates.onednn));
   }
   return lines;
 }

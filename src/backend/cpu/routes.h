@@ -14,6 +14,8 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,9 +28,16 @@ struct RouteRates {
   double own = 0, onednn = 0;  // GFLOP/s (int8: GOP/s); 0 = not a candidate here
 };
 
+// One product shape's own measurement (see route_at_shape).
+struct ShapeRoute {
+  RouteRates rates;
+  bool onednn = false;
+};
+
 struct MeasuredRoutes {
   ProductRoutes onednn{};  // the faster route per kind
   std::array<RouteRates, kProductKinds> rates{};
+  std::map<std::string, ShapeRoute> shapes;  // "KIND at M × rows × cols": large products, by shape
   int threads = 0;
   std::string source;  // where the numbers came from: measured now / read from the cache, and the file
 };
@@ -50,10 +59,22 @@ class ProductProbe {
 // The routes for the current OpenMP thread count: from the cache, else measured (once per process
 // and thread count).
 const MeasuredRoutes& measured_routes();
+// Products of at least this many FLOPs get their route measured at their own shape: the faster
+// route differs with the shape (at Gemma 7B's 256 × 24576 × 3072 two kinds rank the other way than
+// at the calibration shape). Smaller ones, and all of a test's tiny models, take the kind's route.
+inline constexpr double kShapeRouteFlops = 1e9;
+// The route (true: oneDNN) of one product of `kind` with M rows and W [rows, cols], at least
+// kShapeRouteFlops: measured the first time this process meets the shape — M rounded up to a power
+// of two — by `time_route`, which runs the product on the given route into scratch memory and
+// returns its seconds (twice per route after a warm-up each, the faster minimum wins, our own on a
+// tie within 2 %); then kept, and saved with the kinds' routes in the cache.
+bool route_at_shape(Product kind, int64_t M, int64_t rows, int64_t cols, const std::function<double(bool onednn)>& time_route);
+
 // Whether MESHTUNE_RECALIBRATE asks to measure again (also what `info --recalibrate` sets).
 void recalibrate_routes();
 
-// Lines for `meshtune info --system`: each kind's rates and the route `path` takes.
+// Lines for `meshtune info --system`: each kind's rates and the route `path` takes, and the shapes
+// measured so far (in this process or the cache).
 std::vector<std::string> route_report(const KernelPath& path, const MeasuredRoutes& measured);
 
 }  // namespace meshtune
