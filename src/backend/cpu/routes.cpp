@@ -128,11 +128,15 @@ std::string write_cache(const std::string& key, const MeasuredRoutes& m) {
   return write_machine_cache("routes", key, j);
 }
 
-std::mutex routes_mutex;
-std::map<int, MeasuredRoutes> routes_by_threads;
+// Function-local: a CpuBackend made by a static initialiser elsewhere may come first.
+std::mutex& routes_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
 
-// The routes for `threads`; routes_mutex held.
+// The routes for `threads`; routes_mutex() held.
 MeasuredRoutes& routes_for(int threads) {
+  static std::map<int, MeasuredRoutes> routes_by_threads;
   if (auto it = routes_by_threads.find(threads); it != routes_by_threads.end()) return it->second;
   const char* env = std::getenv("MESHTUNE_RECALIBRATE");
   const bool again = recalibrate || (env && *env && std::string(env) != "0");
@@ -177,12 +181,12 @@ void ProductProbe::run(Product p, const KernelPath& k) {
 void recalibrate_routes() { recalibrate = true; }
 
 const MeasuredRoutes& measured_routes() {
-  std::lock_guard lock(routes_mutex);
+  std::lock_guard lock(routes_mutex());
   return routes_for(omp_get_max_threads());
 }
 
 bool route_at_shape(Product kind, int64_t M, int64_t rows, int64_t cols, const std::function<double(bool onednn)>& time_route) {
-  std::lock_guard lock(routes_mutex);
+  std::lock_guard lock(routes_mutex());
   const int threads = omp_get_max_threads();
   MeasuredRoutes& routes = routes_for(threads);
   int64_t bucket = 1;
@@ -192,11 +196,7 @@ bool route_at_shape(Product kind, int64_t M, int64_t rows, int64_t cols, const s
   if (auto it = routes.shapes.find(name); it != routes.shapes.end()) return it->second.onednn;
   time_route(false);  // warm-ups: oneDNN compiles its kernel for the shape, pages are touched
   time_route(true);
-  double own = 1e300, onednn = 1e300;
-  for (int i = 0; i < 2; ++i) {
-    own = std::min(own, time_route(false));
-    onednn = std::min(onednn, time_route(true));
-  }
+  const double own = time_route(false), onednn = time_route(true);
   const double ops = 2.0 * double(M) * double(rows) * double(cols);
   ShapeRoute shape{{ops / own / 1e9, ops / onednn / 1e9}, onednn * 1.02 < own};
   routes.shapes[name] = shape;

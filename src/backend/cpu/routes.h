@@ -66,8 +66,9 @@ inline constexpr double kShapeRouteFlops = 1e9;
 // The route (true: oneDNN) of one product of `kind` with M rows and W [rows, cols], at least
 // kShapeRouteFlops: measured the first time this process meets the shape — M rounded up to a power
 // of two — by `time_route`, which runs the product on the given route into scratch memory and
-// returns its seconds (twice per route after a warm-up each, the faster minimum wins, our own on a
-// tie within 2 %); then kept, and saved with the kinds' routes in the cache.
+// returns its seconds (once per route after a warm-up each — four products, a few seconds per shape
+// of a 7B model —; our own route on a tie within 2 %); then kept, and saved with the kinds' routes
+// in the cache.
 bool route_at_shape(Product kind, int64_t M, int64_t rows, int64_t cols, const std::function<double(bool onednn)>& time_route);
 
 // Whether MESHTUNE_RECALIBRATE asks to measure again (also what `info --recalibrate` sets).
