@@ -100,9 +100,7 @@ void report(const Shape3& s, const char* weights, const std::string& impl, int t
 // bf16 weights: the fp32-input product and the two routes of the bf16-input one.
 void bench_bf16(const Shape3& s, int threads, int repeat) {
   const CpuPath best = supported_cpu_paths().back();
-  ProductRoutes all{};
-  all.fill(true);
-  const KernelPath sgemm = make_kernel_path(best), onednn = make_kernel_path(best, all);
+  const KernelPath sgemm = make_kernel_path(best), onednn = make_kernel_path(best, every_product_on_onednn());
   const WeightMatrix W = to_bf16_matrix(WeightMatrix::from_f32(s.N, s.K, normal_values(s.N * s.K, 1)));
   const std::vector<float> x = normal_values(s.M * s.K, 2);
   std::vector<float> y(size_t(s.M * s.N)), sgemm_route(y.size());
@@ -138,14 +136,12 @@ void bench_bf16(const Shape3& s, int threads, int repeat) {
 // CpuBackend takes by default (measured once at 128 × 2048 × 2048) is within 5 % of the faster here.
 void bench_routes(const Shape3& s, int threads, int repeat) {
   const CpuPath best = supported_cpu_paths().back();
-  ProductRoutes all{};
-  all.fill(true);
-  const KernelPath own = make_kernel_path(best), onednn = make_kernel_path(best, all);
+  const KernelPath own = make_kernel_path(best), onednn = make_kernel_path(best, every_product_on_onednn());
   const KernelPath chosen = CpuBackend().path();
   ProductProbe probe(s.M, s.N, s.K);
   for (int p = 0; p < kProductKinds; ++p) {
     const Product kind = Product(p);
-    if (!onednn.uses_onednn(kind) || (kind == Product::Int8Linear && !cpu::onednn_int8_exact())) continue;
+    if (!onednn_can_take(best, kind)) continue;
     const double own_s = median_seconds(repeat, [&] { probe.run(kind, own); });
     const double onednn_s = median_seconds(repeat, [&] { probe.run(kind, onednn); });
     const double chosen_s = chosen.uses_onednn(kind) ? onednn_s : own_s;

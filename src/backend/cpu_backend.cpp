@@ -11,7 +11,6 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/cross_entropy.h"
 #include "backend/cpu/int8.h"
-#include "backend/cpu/isa/onednn.h"
 #include "backend/cpu/isa/features.h"
 #include "backend/cpu/linear.h"
 #include "backend/cpu/routes.h"
@@ -64,10 +63,7 @@ CpuBackend::CpuBackend(const CpuBackendOptions& options)
 KernelPath CpuBackend::path_for(Product kind, int64_t M, int64_t rows, int64_t cols, int64_t output_floats,
                                 const std::function<void(const KernelPath&, float* scratch)>& run) const {
   if (forced_[size_t(kind)] || M <= 4 || 2.0 * double(M) * double(rows) * double(cols) < kShapeRouteFlops) return path_;
-  ProductRoutes all{};
-  all.fill(true);
-  if (!make_kernel_path(path_.isa, all).uses_onednn(kind)) return path_;  // oneDNN cannot take it here
-  if (kind == Product::Int8Linear && !cpu::onednn_int8_exact()) return path_;
+  if (!onednn_can_take(path_.isa, kind)) return path_;
   auto with_route = [&](bool onednn) {
     KernelPath k = path_;
     k.onednn[size_t(kind)] = onednn;

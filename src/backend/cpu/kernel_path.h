@@ -26,6 +26,11 @@ enum class Product {
 inline constexpr int kProductKinds = 8;
 const char* product_name(Product p);  // "f32 x·Wᵀ", …
 using ProductRoutes = std::array<bool, kProductKinds>;  // per kind: true = oneDNN
+inline ProductRoutes every_product_on_onednn() {
+  ProductRoutes routes;
+  routes.fill(true);
+  return routes;
+}
 
 struct KernelPath {
   CpuPath isa = CpuPath::Generic;

@@ -1,7 +1,6 @@
 #include "backend/cpu/routes.h"
 
 #include <cblas.h>
-#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -28,9 +27,7 @@ bool recalibrate = false;
 
 // What the measurement depends on; a cache file measured under another key is not used.
 std::string cache_key(int threads) {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  __get_cpuid(1, &eax, &ebx, &ecx, &edx);  // family, model and stepping: "AMD EPYC" names several generations
-  return "routes v3; cpu " + cpu_model_name() + " (signature " + std::to_string(eax) + "); " + cpu_features().summary() + "; OpenBLAS " +
+  return "routes v3; cpu " + cpu_identity() + "; OpenBLAS " +
          openblas_get_config() + " core " + openblas_get_corename() + "; oneDNN " +
          (cpu::onednn_available() ? cpu::onednn_version() : "none") + "; threads " + std::to_string(threads);
 }
@@ -68,20 +65,33 @@ std::pair<double, double> time_both(F&& own, G&& onednn, bool with_onednn) {
 
 MeasuredRoutes measure(int threads) {
   const CpuPath isa = supported_cpu_paths().back();
-  ProductRoutes all{};
-  all.fill(true);
-  const KernelPath own = make_kernel_path(isa), onednn = make_kernel_path(isa, all);
+  const KernelPath own = make_kernel_path(isa), onednn = make_kernel_path(isa, every_product_on_onednn());
   ProductProbe probe(128, 4096, 2048);
   MeasuredRoutes m;
   m.threads = threads;
   for (int p = 0; p < kProductKinds; ++p) {
     const Product kind = Product(p);
-    const bool candidate = onednn.uses_onednn(kind) && (kind != Product::Int8Linear || cpu::onednn_int8_exact());
+    const bool candidate = onednn_can_take(isa, kind);
     const auto [own_s, onednn_s] = time_both([&] { probe.run(kind, own); }, [&] { probe.run(kind, onednn); }, candidate);
     m.rates[size_t(p)] = {probe.ops() / own_s / 1e9, candidate ? probe.ops() / onednn_s / 1e9 : 0.0};
     m.onednn[size_t(p)] = candidate && m.rates[size_t(p)].onednn > 1.02 * m.rates[size_t(p)].own;
   }
   return m;
+}
+
+// One measured entry of the cache: {own_gflops, onednn_gflops, route}. oneDNN's rate is 0 where it
+// was not a candidate (only for kinds).
+json route_entry(const RouteRates& rates, bool onednn) {
+  return {{"own_gflops", rates.own}, {"onednn_gflops", rates.onednn}, {"route", onednn ? "onednn" : "own"}};
+}
+
+// An entry read back: nothing when it is not sane (then everything is measured again).
+std::optional<ShapeRoute> read_route_entry(const json& e) {
+  const double own = e.at("own_gflops").get<double>(), onednn = e.at("onednn_gflops").get<double>();
+  const std::string route = e.at("route").get<std::string>();
+  if (!(std::isfinite(own) && own > 0 && std::isfinite(onednn) && onednn >= 0) || (route != "own" && route != "onednn"))
+    return std::nullopt;
+  return ShapeRoute{{own, onednn}, route == "onednn"};
 }
 
 // The cached measurement for `key`, if the cache holds a complete, sane one.
@@ -92,21 +102,16 @@ std::optional<MeasuredRoutes> read_cache(const std::string& key, int threads) {
     MeasuredRoutes m;
     m.threads = threads;
     for (int p = 0; p < kProductKinds; ++p) {
-      const json& e = j->at("products").at(product_name(Product(p)));
-      const double own = e.at("own_gflops").get<double>(), onednn = e.at("onednn_gflops").get<double>();
-      const std::string route = e.at("route").get<std::string>();
-      if (!(std::isfinite(own) && own > 0 && std::isfinite(onednn) && onednn >= 0) || (route != "own" && route != "onednn"))
-        return std::nullopt;
-      m.rates[size_t(p)] = {own, onednn};
-      m.onednn[size_t(p)] = route == "onednn";
+      const std::optional<ShapeRoute> e = read_route_entry(j->at("products").at(product_name(Product(p))));
+      if (!e) return std::nullopt;
+      m.rates[size_t(p)] = e->rates;
+      m.onednn[size_t(p)] = e->onednn;
     }
     if (j->contains("shapes"))
-      for (const auto& [name, e] : j->at("shapes").items()) {
-        const double own = e.at("own_gflops").get<double>(), onednn = e.at("onednn_gflops").get<double>();
-        const std::string route = e.at("route").get<std::string>();
-        if (!(std::isfinite(own) && own > 0 && std::isfinite(onednn) && onednn > 0) || (route != "own" && route != "onednn"))
-          return std::nullopt;
-        m.shapes[name] = {{own, onednn}, route == "onednn"};
+      for (const auto& [name, entry] : j->at("shapes").items()) {
+        const std::optional<ShapeRoute> e = read_route_entry(entry);
+        if (!e || e->rates.onednn == 0) return std::nullopt;  // a shape is measured on both routes
+        m.shapes[name] = *e;
       }
     m.source = "measured " + j->value("measured", std::string("?")) + ", cached in " + machine_cache_path("routes", key);
     return m;
@@ -118,14 +123,17 @@ std::optional<MeasuredRoutes> read_cache(const std::string& key, int threads) {
 std::string write_cache(const std::string& key, const MeasuredRoutes& m) {
   json j;
   for (int p = 0; p < kProductKinds; ++p)
-    j["products"][product_name(Product(p))] = {{"own_gflops", m.rates[size_t(p)].own},
-                                               {"onednn_gflops", m.rates[size_t(p)].onednn},
-                                               {"route", m.onednn[size_t(p)] ? "onednn" : "own"}};
-  for (const auto& [name, shape] : m.shapes)
-    j["shapes"][name] = {{"own_gflops", shape.rates.own},
-                         {"onednn_gflops", shape.rates.onednn},
-                         {"route", shape.onednn ? "onednn" : "own"}};
+    j["products"][product_name(Product(p))] = route_entry(m.rates[size_t(p)], m.onednn[size_t(p)]);
+  for (const auto& [name, shape] : m.shapes) j["shapes"][name] = route_entry(shape.rates, shape.onednn);
   return write_machine_cache("routes", key, j);
+}
+
+// "  NAME: ROUTE — measured OWN R, oneDNN R" for `info --system`.
+std::string route_line(const std::string& name, bool int8, bool onednn, const RouteRates& r) {
+  const std::string own = int8 ? "meshtune" : "OpenBLAS sgemm", unit = int8 ? " GOP/s" : " GFLOP/s";
+  auto rate = [&](double v) { return std::to_string(int(std::lround(v))) + unit; };
+  return "  " + name + ": " + (onednn ? "oneDNN" : own) + " — measured " + own + " " + rate(r.own) +
+         (r.onednn > 0 ? ", oneDNN " + rate(r.onednn) : ", oneDNN not a candidate here");
 }
 
 // Function-local: a CpuBackend made by a static initialiser elsewhere may come first.
@@ -204,28 +212,24 @@ bool route_at_shape(Product kind, int64_t M, int64_t rows, int64_t cols, const s
   return shape.onednn;
 }
 
+bool onednn_can_take(CpuPath isa, Product kind) {
+  return make_kernel_path(isa, every_product_on_onednn()).uses_onednn(kind) &&
+         (kind != Product::Int8Linear || cpu::onednn_int8_exact());
+}
+
 std::vector<std::string> route_report(const KernelPath& path, const MeasuredRoutes& measured) {
   std::vector<std::string> lines{"matrix products of more than 4 rows (" + std::to_string(measured.threads) +
                                  " threads, 128 × 4096 × 2048; " + measured.source + "):"};
   for (int p = 0; p < kProductKinds; ++p) {
-    const RouteRates& r = measured.rates[size_t(p)];
-    const std::string own = Product(p) == Product::Int8Linear ? "meshtune" : "OpenBLAS sgemm";
-    const std::string unit = Product(p) == Product::Int8Linear ? " GOP/s" : " GFLOP/s";
-    auto rate = [&](double v) { return std::to_string(int(std::lround(v))) + unit; };
-    std::string line = "  " + std::string(product_name(Product(p))) + ": " +
-                       (path.uses_onednn(Product(p)) ? "oneDNN" : own) + " — measured " + own + " " + rate(r.own);
-    line += r.onednn > 0 ? ", oneDNN " + rate(r.onednn) : ", oneDNN not a candidate here";
-    if (path.uses_onednn(Product(p)) != measured.onednn[size_t(p)]) line += " (forced)";
+    const Product kind = Product(p);
+    std::string line = route_line(product_name(kind), kind == Product::Int8Linear, path.uses_onednn(kind),
+                                  measured.rates[size_t(p)]);
+    if (path.uses_onednn(kind) != measured.onednn[size_t(p)]) line += " (forced)";
     lines.push_back(line);
   }
   if (!measured.shapes.empty()) lines.push_back("measured at their own shapes (products of 1 GFLOP or more):");
-  for (const auto& [name, shape] : measured.shapes) {
-    const bool int8 = name.rfind("int8", 0) == 0;
-    const std::string unit = int8 ? " GOP/s" : " GFLOP/s";
-    auto rate = [&](double v) { return std::to_string(int(std::lround(v))) + unit; };
-    lines.push_back("  " + name + ": " + (shape.onednn ? "oneDNN" : int8 ? "meshtune" : "OpenBLAS sgemm") + " — measured " +
-                    (int8 ? "meshtune " : "OpenBLAS sgemm ") + rate(shape.rates.own) + ", oneDNN " + rate(shape.rates.onednn));
-  }
+  for (const auto& [name, shape] : measured.shapes)
+    lines.push_back(route_line(name, name.rfind("int8", 0) == 0, shape.onednn, shape.rates));
   return lines;
 }
 

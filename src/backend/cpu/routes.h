@@ -56,6 +56,10 @@ class ProductProbe {
   std::vector<float> x_, dy_, y_, dx_, dW_;
 };
 
+// Whether oneDNN can take products of `kind` on path `isa`: a build with oneDNN, bf16 dot products
+// for bf16 inputs, exact int32 sums for int8 (checked at the first call that asks about int8).
+bool onednn_can_take(CpuPath isa, Product kind);
+
 // The routes for the current OpenMP thread count: from the cache, else measured (once per process
 // and thread count).
 const MeasuredRoutes& measured_routes();

@@ -24,6 +24,12 @@ std::string cpu_model_name() {
   return "";
 }
 
+std::string cpu_identity() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __get_cpuid(1, &eax, &ebx, &ecx, &edx);  // family, model and stepping
+  return cpu_model_name() + " (signature " + std::to_string(eax) + "); " + cpu_features().summary();
+}
+
 // CPUID and XGETBV, read directly (GCC's and clang's __builtin_cpu_supports know different
 // names): an instruction set counts only when the OS also saves its registers.
 static uint64_t xgetbv0() {
