@@ -66,6 +66,30 @@ TEST(KerasH5, ReadsGemmaTinyPreset) {
   EXPECT_TRUE(nonzero);
 }
 
+// Contiguous datasets already in their memory type are memory-mapped rather than read through
+// libhdf5; a whole-dataset box forces libhdf5's read. Both must give the same bytes, for float32
+// (real Keras) and bf16 (our bf16 export) files alike.
+TEST(KerasH5, MappedDatasetsEqualLibhdf5Reads) {
+  const std::string dir = make_temp_dir("h5_mapped");
+  HostTensor bf16 = HostTensor::allocate(DType::BF16, {3, 5, 7});
+  for (int64_t i = 0; i < num_elements(bf16.shape); ++i) bf16.mutable_as<uint16_t>()[i] = uint16_t(0x3f80 + 3 * i);
+  write_h5_datasets(dir + "/bf16.h5", {{"a/vars/0", bf16}, {"b/vars/0", f32_tensor({4, 6}, -1.0f)}});
+  const DatasetSelection whole = [](const std::string&, const Shape& shape) {
+    return std::optional<DatasetBox>(DatasetBox{std::vector<int64_t>(shape.size(), 0), shape});
+  };
+  int mapped = 0;
+  for (const std::string& file : {fixture("keras/preset-gemma-tiny/model.weights.h5"), dir + "/bf16.h5"}) {
+    const auto views = read_h5_datasets(file), reads = read_h5_datasets(file, whole);
+    ASSERT_EQ(views.size(), reads.size());
+    for (const auto& [name, view] : views) {
+      EXPECT_TRUE(same_bytes(view, reads.at(name))) << file << " " << name;
+      EXPECT_FALSE(reads.at(name).mapped) << name;
+      mapped += view.mapped;
+    }
+  }
+  EXPECT_EQ(mapped, 20 + 2);  // every dataset of both files
+}
+
 TEST(KerasH5, ReadsGemma2TinyPresetAndMergedLoraWeights) {
   auto g2 = read_h5_datasets(fixture("keras/preset-gemma2-tiny/model.weights.h5"));
   EXPECT_EQ(g2.at("layers/gemma_decoder_block_1/attention/query_dense/vars/0").shape, (Shape{4, 64, 32}));

@@ -2,6 +2,7 @@
 // owning its bytes or aliasing a memory map (kept alive by `owner`). Model code converts these into
 // its own weight matrices; this type only carries bytes, dtype and shape between io and model.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +29,7 @@ struct HostTensor {
   Shape shape;
   const std::byte* data = nullptr;  // num_elements(shape) * dtype_size(dtype) bytes
   std::shared_ptr<const void> owner;  // keeps `data` alive (a buffer or a memory map)
+  bool mapped = false;  // `data` views a read-only memory map of a file: never write through it
 
   size_t nbytes() const { return size_t(num_elements(shape)) * dtype_size(dtype); }
   template <typename T> const T* as() const { return reinterpret_cast<const T*>(data); }
@@ -53,5 +55,9 @@ float f16_to_f32(uint16_t h);
 
 // Converts any floating tensor (F32/BF16/F16) to a contiguous float vector.
 std::vector<float> to_f32(const HostTensor& t);
+
+// A new tensor of shape `out_shape` holding `in` (viewed as `dims`) with its dimensions reordered:
+// out[j0][j1][j2] = in[i0][i1][i2] where out dimension k is in dimension perm[k].
+HostTensor permute3(const HostTensor& in, std::array<int64_t, 3> dims, std::array<int, 3> perm, const Shape& out_shape);
 
 }  // namespace meshtune

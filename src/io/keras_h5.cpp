@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/file_util.h"
 #include "core/json.h"
+#include "io/mapped_files.h"
 
 namespace meshtune {
 
@@ -154,6 +155,14 @@ herr_t collect_dataset(hid_t group, const char* name, const H5L_info_t* info, vo
   return 0;
 }
 
+// H5Dget_offset counts from the end of a user block (bytes before the HDF5 data); files with one
+// (h5py never writes one) are read through libhdf5 rather than mapped at a shifted offset.
+bool without_user_block(hid_t file) {
+  Handle fcpl(H5Fget_create_plist(file), H5Pclose);
+  hsize_t user_block = 1;
+  return fcpl.get() >= 0 && H5Pget_userblock(fcpl.get(), &user_block) >= 0 && user_block == 0;
+}
+
 HostTensor read_dataset(hid_t file, const std::string& path, const std::string& name, uint64_t file_size,
                         const DatasetSelection& select) {
   const std::string where = "file " + path + ": dataset " + name;
@@ -260,6 +269,23 @@ HostTensor read_dataset(hid_t file, const std::string& path, const std::string& 
                          part.mutable_as<std::byte>()),
                  where, "H5Dread (block)");
     return part;
+  }
+  // Contiguous bytes already in the memory type (bf16, float32, int8: every Keras weight) are
+  // mapped, not read: the loader's permutation then reads the file's pages once, straight into the
+  // final layout, instead of clearing fresh pages for a copy it throws away (a 7B preset's load
+  // spent half its time so). Anything else goes through libhdf5's conversions.
+  const haddr_t offset = H5Dget_offset(dset.get());
+  if (layout == H5D_CONTIGUOUS && count > 0 && offset != HADDR_UNDEF && stored == declared &&
+      H5Tequal(file_type.get(), mem_type) > 0 && offset <= file_size && declared <= file_size - offset &&
+      without_user_block(file)) {
+    const MappedRange map = map_file_range(path, offset, declared, /*read_ahead=*/true);
+    HostTensor view;
+    view.dtype = dtype;
+    view.shape = shape;
+    view.data = map.data;
+    view.owner = map.owner;
+    view.mapped = true;
+    return view;
   }
   HostTensor tensor = HostTensor::allocate(dtype, shape);
   if (count > 0) {

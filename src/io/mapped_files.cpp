@@ -1,10 +1,16 @@
 #include "io/mapped_files.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstring>
+
+#include "core/error.h"
 
 namespace meshtune {
 
@@ -45,6 +51,47 @@ void on_sigbus(int signal, siginfo_t* info, void*) {
 }
 
 }  // namespace
+
+namespace {
+
+// One read-only map; every tensor viewing it holds a shared_ptr to it.
+struct Mapping {
+  void* addr = nullptr;
+  size_t size = 0;
+  Mapping(void* a, size_t s, const std::string& path) : addr(a), size(s) { register_mapped_file(a, s, path); }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    unregister_mapped_file(addr);
+    munmap(addr, size);
+  }
+};
+
+}  // namespace
+
+MappedRange map_file_range(const std::string& path, uint64_t offset, uint64_t size, bool read_ahead) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, ": cannot open: ", std::strerror(errno));
+  struct FdCloser {  // the map stays valid after close
+    int fd;
+    ~FdCloser() { close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (fstat(fd, &st) != 0) fail(path, ": cannot stat: ", std::strerror(errno));
+  check(S_ISREG(st.st_mode), path, ": not a regular file");
+  check(offset <= uint64_t(st.st_size) && size <= uint64_t(st.st_size) - offset, path, ": bytes [", offset, ", ",
+        offset, " + ", size, ") run past the end of the file (", st.st_size, " bytes)");
+  if (size == 0) return {};
+  const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset / page * page;  // mmap's offset must be a multiple of the page size
+  const size_t length = size_t(offset - start + size);
+  // MAP_POPULATE reads the range in one go at mmap time instead of one page fault per 4 KiB page
+  // as the caller walks it (in a virtual machine each fault costs an exit to the hypervisor).
+  void* addr = mmap(nullptr, length, PROT_READ, MAP_PRIVATE | (read_ahead ? MAP_POPULATE : 0), fd, off_t(start));
+  if (addr == MAP_FAILED) fail(path, ": cannot mmap: ", std::strerror(errno));
+  auto mapping = std::make_shared<const Mapping>(addr, length, path);
+  return {static_cast<const std::byte*>(addr) + (offset - start), mapping};
+}
 
 void register_mapped_file(const void* addr, size_t size, const std::string& path) {
   for (Slot& s : g_slots) {

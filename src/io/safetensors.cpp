@@ -25,26 +25,6 @@ namespace meshtune {
 
 namespace {
 
-
-// One read-only memory map of a whole file; every tensor of the file holds a shared_ptr to it.
-struct Mapping {
-  void* addr = nullptr;
-  size_t size = 0;
-  Mapping(void* a, size_t s, const std::string& path) : addr(a), size(s) { register_mapped_file(a, s, path); }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    unregister_mapped_file(addr);
-    munmap(addr, size);
-  }
-};
-
-// Closes a file descriptor on scope exit (the map stays valid after close).
-struct FdCloser {
-  int fd;
-  ~FdCloser() { close(fd); }
-};
-
 const char* safetensors_dtype_name(DType dt) {
   switch (dt) {
     case DType::F32: return "F32";
@@ -175,24 +155,19 @@ std::map<std::string, HostTensor> parse_safetensors(const unsigned char* base, u
     t.shape = std::move(e.shape);
     t.data = data + e.begin;
     t.owner = owner;
+    t.mapped = true;
     out.emplace(e.name, std::move(t));
   }
   return out;
 }
 
 std::map<std::string, HostTensor> read_safetensors(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open safetensors file: ", std::strerror(errno));
-  FdCloser closer{fd};
-  struct stat st;
-  if (fstat(fd, &st) != 0) fail(path, ": cannot stat safetensors file: ", std::strerror(errno));
-  check(S_ISREG(st.st_mode), path, ": not a regular file");
-  const uint64_t file_size = uint64_t(st.st_size);
-  check(file_size >= 8, path, ": file is ", file_size, " bytes, too short for a safetensors header (needs 8)");
-  void* addr = mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (addr == MAP_FAILED) fail(path, ": cannot mmap safetensors file: ", std::strerror(errno));
-  auto mapping = std::make_shared<const Mapping>(addr, file_size, path);
-  return parse_safetensors(static_cast<const unsigned char*>(addr), file_size, path, mapping);
+  std::error_code ec;
+  check(std::filesystem::is_regular_file(path, ec), path, ": not a regular file (or cannot be read)");
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  check(!ec, path, ": cannot read its size: ", ec.message());
+  const MappedRange map = map_file_range(path, 0, file_size, /*read_ahead=*/false);
+  return parse_safetensors(reinterpret_cast<const unsigned char*>(map.data), file_size, path, map.owner);
 }
 
 std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {

@@ -92,36 +92,6 @@ Shape keras_int8_scale_shape(const VariableSpec& spec) {
 // dst[a][b][c] (row-major, shape `od`) = src[a·s0 + b·s1 + c·s2], in tiles of kTile³ elements so
 // that reads and writes both stay within a few cache lines whatever the permutation (walking the
 // output in order reads the source a cache line per element: minutes for a 7B model's matrices).
-template <typename Element>
-static void permute_elements(const Element* src, Element* dst, std::array<int64_t, 3> od, std::array<int64_t, 3> s) {
-  constexpr int64_t kTile = 32;
-  for (int64_t a0 = 0; a0 < od[0]; a0 += kTile)
-    for (int64_t b0 = 0; b0 < od[1]; b0 += kTile)
-      for (int64_t c0 = 0; c0 < od[2]; c0 += kTile)
-        for (int64_t a = a0; a < std::min(a0 + kTile, od[0]); ++a)
-          for (int64_t b = b0; b < std::min(b0 + kTile, od[1]); ++b)
-            for (int64_t c = c0; c < std::min(c0 + kTile, od[2]); ++c)
-              dst[(a * od[1] + b) * od[2] + c] = src[a * s[0] + b * s[1] + c * s[2]];
-}
-
-// out[j0][j1][j2] = in[i0][i1][i2] where out dim k is in dim perm[k].
-static HostTensor permute3(const HostTensor& in, std::array<int64_t, 3> dims, std::array<int, 3> perm,
-                           const Shape& out_shape) {
-  HostTensor out = HostTensor::allocate(in.dtype, out_shape);
-  const std::array<int64_t, 3> in_strides = {dims[1] * dims[2], dims[2], 1};
-  const std::array<int64_t, 3> od = {dims[perm[0]], dims[perm[1]], dims[perm[2]]};
-  const std::array<int64_t, 3> strides = {in_strides[perm[0]], in_strides[perm[1]], in_strides[perm[2]]};
-  std::byte* dst = out.mutable_as<std::byte>();
-  switch (dtype_size(in.dtype)) {  // elements moved as unsigned integers of their size
-    case 1: permute_elements(in.as<uint8_t>(), reinterpret_cast<uint8_t*>(dst), od, strides); break;
-    case 2: permute_elements(in.as<uint16_t>(), reinterpret_cast<uint16_t*>(dst), od, strides); break;
-    case 4: permute_elements(in.as<uint32_t>(), reinterpret_cast<uint32_t*>(dst), od, strides); break;
-    case 8: permute_elements(in.as<uint64_t>(), reinterpret_cast<uint64_t*>(dst), od, strides); break;
-    default: fail("permuting a tensor: unsupported element size ", dtype_size(in.dtype));
-  }
-  return out;
-}
-
 HostTensor keras_to_ours(const HostTensor& k, VarKind kind) {
   switch (kind) {
     case VarKind::Embedding:

@@ -90,7 +90,7 @@ ModelDir inspect_model_dir(const std::string& dir) {
 
 // Converts a loaded tensor into a weight matrix, in place when it is already fp32/bf16, aligned,
 // and in our layout; otherwise into a fresh buffer.
-static WeightMatrix to_matrix(const HostTensor& t, bool keep_bf16, bool mapped) {
+static WeightMatrix to_matrix(const HostTensor& t, bool keep_bf16) {
   WeightMatrix m;
   m.rows = t.shape[0];
   m.cols = num_elements(t.shape) / std::max<int64_t>(1, t.shape[0]);
@@ -100,7 +100,7 @@ static WeightMatrix to_matrix(const HostTensor& t, bool keep_bf16, bool mapped) 
     m.dtype = t.dtype;
     m.data = t.data;
     m.owner = t.owner;
-    m.mapped = mapped;
+    m.mapped = t.mapped;
   } else if (keep_as_is) {  // misaligned: copy the bytes as they are
     HostTensor copy = HostTensor::allocate(t.dtype, t.shape);
     std::memcpy(copy.mutable_as<std::byte>(), t.data, t.nbytes());
@@ -264,13 +264,13 @@ GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
     } else if (options.quantize_int8 || options.bf16_matrices) {
       // Converted as it loads; a block of a memory-mapped tensor is cut out first (a Keras block
       // already is the block), so no process holds a converted copy of more than its part.
-      WeightMatrix stored = to_matrix(t, /*keep_bf16=*/true, !keras);
+      WeightMatrix stored = to_matrix(t, /*keep_bf16=*/true);
       if (block && !keras) stored = matrix_block(stored, spec, *block);
       *w = options.quantize_int8 ? quantized_matrix(stored, spec, block, options) : to_bf16_matrix(stored);
     } else {
-      *w = to_matrix(t, keep_bf16, /*mapped=*/!keras);
+      *w = to_matrix(t, keep_bf16);
     }
-    if (!keras && w && w->data != t.data) release_mapped_pages(t.data, t.nbytes());  // converted: the map's pages go
+    if (t.mapped && w && w->data != t.data) release_mapped_pages(t.data, t.nbytes());  // converted: the map's pages go
   }
   check(int8_layers.empty(), dir.config_path, ": the dtype policy map names layer ",
         int8_layers.empty() ? "" : *int8_layers.begin(), ", which has no matrix in this model");
