@@ -84,10 +84,11 @@ TEST(KerasH5, MappedDatasetsEqualLibhdf5Reads) {
     for (const auto& [name, view] : views) {
       EXPECT_TRUE(same_bytes(view, reads.at(name))) << file << " " << name;
       EXPECT_FALSE(reads.at(name).mapped) << name;
+      if (view.mapped) EXPECT_EQ(reinterpret_cast<uintptr_t>(view.data) % dtype_size(view.dtype), 0u) << name;
       mapped += view.mapped;
     }
   }
-  EXPECT_EQ(mapped, 20 + 2);  // every dataset of both files
+  EXPECT_GT(mapped, 0);  // those stored aligned for their type; HDF5 places the rest anywhere
 }
 
 TEST(KerasH5, ReadsGemma2TinyPresetAndMergedLoraWeights) {

@@ -270,13 +270,13 @@ HostTensor read_dataset(hid_t file, const std::string& path, const std::string& 
                  where, "H5Dread (block)");
     return part;
   }
-  // Contiguous bytes already in the memory type (bf16, float32, int8: every Keras weight) are
-  // mapped, not read: the loader's permutation then reads the file's pages once, straight into the
+  // Contiguous bytes already in the memory type (bf16, float32, int8: every Keras weight), aligned
+  // for it (HDF5 packs datasets at any byte offset), are mapped, not read: the loader's permutation then reads the file's pages once, straight into the
   // final layout, instead of clearing fresh pages for a copy it throws away (a 7B preset's load
   // spent half its time so). Anything else goes through libhdf5's conversions.
   const haddr_t offset = H5Dget_offset(dset.get());
   if (layout == H5D_CONTIGUOUS && count > 0 && offset != HADDR_UNDEF && stored == declared &&
-      H5Tequal(file_type.get(), mem_type) > 0 && offset <= file_size && declared <= file_size - offset &&
+      H5Tequal(file_type.get(), mem_type) > 0 && offset % dtype_size(dtype) == 0 && offset <= file_size && declared <= file_size - offset &&
       without_user_block(file)) {
     const MappedRange map = map_file_range(path, offset, declared, /*read_ahead=*/true);
     HostTensor view;
