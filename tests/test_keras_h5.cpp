@@ -73,7 +73,8 @@ TEST(KerasH5, MappedDatasetsEqualLibhdf5Reads) {
   const std::string dir = make_temp_dir("h5_mapped");
   HostTensor bf16 = HostTensor::allocate(DType::BF16, {3, 5, 7});
   for (int64_t i = 0; i < num_elements(bf16.shape); ++i) bf16.mutable_as<uint16_t>()[i] = uint16_t(0x3f80 + 3 * i);
-  write_h5_datasets(dir + "/bf16.h5", {{"a/vars/0", bf16}, {"b/vars/0", f32_tensor({4, 6}, -1.0f)}});
+  write_h5_datasets(dir + "/bf16.h5", {{"a/vars/0", bf16}, {"b/vars/0", f32_tensor({4, 6}, -1.0f)},
+                                       {"c/vars/0", f32_tensor({64, 33}, 0.5f)}});
   const DatasetSelection whole = [](const std::string&, const Shape& shape) {
     return std::optional<DatasetBox>(DatasetBox{std::vector<int64_t>(shape.size(), 0), shape});
   };
@@ -89,6 +90,7 @@ TEST(KerasH5, MappedDatasetsEqualLibhdf5Reads) {
     }
   }
   EXPECT_GT(mapped, 0);  // those stored aligned for their type; HDF5 places the rest anywhere
+  EXPECT_TRUE(read_h5_datasets(dir + "/bf16.h5").at("c/vars/0").mapped);  // we align datasets of 4 KiB or more
 }
 
 TEST(KerasH5, ReadsGemma2TinyPresetAndMergedLoraWeights) {

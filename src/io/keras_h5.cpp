@@ -372,7 +372,11 @@ void write_dataset(hid_t file, hid_t lcpl, const std::string& path, const std::s
 void write_file(const std::string& tmp, const std::vector<TensorSpec>& datasets, const TensorSource& tensor,
                 const std::vector<std::string>& empty_groups) {
   const std::string where = "file " + tmp;
-  Handle file = checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose, where, "H5Fcreate");
+  // Datasets of 4 KiB or more start on 64-byte boundaries, so that a reader can map them in place
+  // (read_dataset maps only data aligned for its type; h5py packs at any byte).
+  Handle fapl = checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, where, "H5Pcreate(file access)");
+  check_status(H5Pset_alignment(fapl.get(), 4096, 64), where, "H5Pset_alignment");
+  Handle file = checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose, where, "H5Fcreate");
   {
     Handle lcpl = checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, where, "H5Pcreate(link create)");
     check_status(H5Pset_create_intermediate_group(lcpl.get(), 1), where, "H5Pset_create_intermediate_group");
