@@ -27,7 +27,9 @@ std::string shape_str(const Shape& shape);  // "(4, 64, 16)"
 struct HostTensor {
   DType dtype = DType::F32;
   Shape shape;
-  const std::byte* data = nullptr;  // num_elements(shape) * dtype_size(dtype) bytes
+  // num_elements(shape) * dtype_size(dtype) bytes; a view of a file (safetensors, the loader's HDF5
+  // maps) may be misaligned for its dtype: such are read through memcpy, not as<T>()
+  const std::byte* data = nullptr;
   std::shared_ptr<const void> owner;  // keeps `data` alive (a buffer or a memory map)
   bool mapped = false;  // `data` views a read-only memory map of a file: never write through it
 

@@ -163,8 +163,10 @@ bool without_user_block(hid_t file) {
   return fcpl.get() >= 0 && H5Pget_userblock(fcpl.get(), &user_block) >= 0 && user_block == 0;
 }
 
+// Reading a dataset. `views_may_be_misaligned`: the caller reads a mapped view through memcpy (the
+// loader), so a dataset at an offset misaligned for its type is mapped too; otherwise it is read.
 HostTensor read_dataset(hid_t file, const std::string& path, const std::string& name, uint64_t file_size,
-                        const DatasetSelection& select) {
+                        const DatasetSelection& select, bool views_may_be_misaligned) {
   const std::string where = "file " + path + ": dataset " + name;
   Handle dset = checked(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose, where, "H5Dopen");
 
@@ -270,13 +272,14 @@ HostTensor read_dataset(hid_t file, const std::string& path, const std::string& 
                  where, "H5Dread (block)");
     return part;
   }
-  // Contiguous bytes already in the memory type (bf16, float32, int8: every Keras weight), aligned
-  // for it (HDF5 packs datasets at any byte offset), are mapped, not read: the loader's permutation then reads the file's pages once, straight into the
+  // Contiguous bytes already in the memory type (bf16, float32, int8: every Keras weight) are mapped,
+  // not read, when aligned for it or when the caller copes (HDF5 packs datasets at any byte offset,
+  // h5py's files are unaligned): the loader's permutation then reads the file's pages once, straight into the
   // final layout, instead of clearing fresh pages for a copy it throws away (a 7B preset's load
   // spent half its time so). Anything else goes through libhdf5's conversions.
   const haddr_t offset = H5Dget_offset(dset.get());
   if (layout == H5D_CONTIGUOUS && count > 0 && offset != HADDR_UNDEF && stored == declared &&
-      H5Tequal(file_type.get(), mem_type) > 0 && offset % dtype_size(dtype) == 0 && offset <= file_size && declared <= file_size - offset &&
+      H5Tequal(file_type.get(), mem_type) > 0 && (views_may_be_misaligned || offset % dtype_size(dtype) == 0) && offset <= file_size && declared <= file_size - offset &&
       without_user_block(file)) {
     const MappedRange map = map_file_range(path, offset, declared, /*read_ahead=*/true);
     HostTensor view;
@@ -475,7 +478,7 @@ std::map<std::string, HostTensor> read_h5_datasets(const std::string& path, cons
   silence_hdf5();
   const OpenedFile f = open_h5(path);
   std::map<std::string, HostTensor> out;
-  for (const auto& name : dataset_names(f, path)) out[name] = read_dataset(f.file.get(), path, name, f.size, select);
+  for (const auto& name : dataset_names(f, path)) out[name] = read_dataset(f.file.get(), path, name, f.size, select, false);
   return out;
 }
 
@@ -501,7 +504,7 @@ HostTensor KerasWeightsReader::read(const std::string& name, const DatasetSelect
   std::lock_guard lock(h5_mutex());
   silence_hdf5();
   const OpenedFile f = open_h5(it->second);
-  return read_dataset(f.file.get(), it->second, name, f.size, select);
+  return read_dataset(f.file.get(), it->second, name, f.size, select, /*views_may_be_misaligned=*/true);
 }
 
 void write_h5_datasets(const std::string& path, const std::vector<TensorSpec>& datasets, const TensorSource& tensor,

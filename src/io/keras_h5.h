@@ -40,7 +40,9 @@ class KerasWeightsReader {
  public:
   explicit KerasWeightsReader(const std::string& dir);
   bool has(const std::string& name) const { return file_of_.count(name) > 0; }
-  // Throws Error naming the dataset when it is absent. `select` as for read_h5_datasets.
+  // Throws Error naming the dataset when it is absent. `select` as for read_h5_datasets. A
+  // contiguous dataset comes as a view of the file's map, possibly misaligned for its dtype
+  // (HostTensor::data: read it through memcpy).
   HostTensor read(const std::string& name, const DatasetSelection& select = {}) const;
 
  private:
