@@ -26,7 +26,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "backend/reference_backend.h"
+#include "backend/cpu/blas_kernels.h"
+#include "backend//reference_backend.h"
 #include "backend/cpu/kernel_path.h"
 #include "backend/cpu/isa/int8_dot.h"
 #include "backend/cpu/isa/onednn.h"
@@ -160,6 +161,7 @@ void bench_routes(const Shape3& s, int threads, int repeat) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (time_sgemm_if_asked()) return 0;  // a child timing OpenBLAS' kernel families
   choose_blas_kernels(argv);
   int threads = 2, repeat = 5;
   CLI::App app("bench_gemm: int8 and bf16 matrix products, ours and oneDNN's; JSON lines on stdout");

@@ -28,7 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cpu_backend.h"
+#include "backend/cpu/blas_kernels.h"
+#include "backend//cpu_backend.h"
 #include "backend/cuda_devices.h"
 #include "core/error.h"
 #include "core/random.h"
@@ -174,7 +175,8 @@ nlohmann::ordered_json breakdown(const Context& ctx, const GemmaModel& base, con
 }  // namespace
 
 int main(int argc, char** argv) {
-  meshtune::choose_blas_kernels(argv);  // OpenBLAS's fast kernels even where a VM hides the CPU model
+  if (meshtune::time_sgemm_if_asked()) return 0;  // a child timing OpenBLAS' kernel families
+  meshtune::choose_blas_kernels(argv);  // the family measured fastest on this machine
   const Options o = parse_args(argc, argv);
   try {
     std::unique_ptr<Backend> gpu;  // first: no GPU is one line at once, not after making the weights

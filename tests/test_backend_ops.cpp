@@ -676,6 +676,3 @@ TEST(BackendChecks, BuffersCountTheirAllocations) {
 
 }  // namespace
 
-#ifdef MESHTUNE_GPU_TESTS
-int main(int argc, char** argv) { return meshtune::testing::run_gpu_tests(argc, argv); }
-#endif

@@ -316,5 +316,4 @@ TEST(Cuda, AStepOfASeenShapeAllocatesNothing) {
   EXPECT_EQ(gpu->allocations(), after_first);
 }
 
-int main(int argc, char** argv) { return meshtune::testing::run_gpu_tests(argc, argv); }
 #endif

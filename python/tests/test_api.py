@@ -197,6 +197,30 @@ def test_import_is_fast_and_works_from_any_directory(tmp_path):
     assert time.perf_counter() - start < 2.0  # a whole interpreter start included
 
 
+def test_python_runs_the_blas_kernels_the_command_line_chose(tmp_path):
+    """OpenBLAS' kernel family is chosen before the engine loads (meshtune/_engine.py) from the cache
+    the command line measures into, so both run the same kernels; an edited cache is obeyed."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "MESHTUNE_BLAS_NOTE")}
+    env["MESHTUNE_CACHE_DIR"] = str(tmp_path)
+    family = run_cli("info", "--system", env=env).split("OpenBLAS kernels: ")[1].split(" ")[0]
+    code = "from meshtune._engine import engine; print(engine._blas_kernel_choice())"
+
+    def python_choice():
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert python_choice().startswith(f"OpenBLAS kernels: {family} (")
+    [cache_file] = tmp_path.glob("blas-kernels-*.json")
+    cache = json.loads(cache_file.read_text())
+    for other in cache["rates"]:
+        cache["core"] = other
+        cache_file.write_text(json.dumps(cache))
+        got = python_choice()  # names `other` only when OpenBLAS loaded that family
+        assert got.startswith(f"OpenBLAS kernels: {other} (") and "cached in" in got, got
+
+
 def test_ctrl_c_stops_fit_between_steps_and_leaves_the_model_usable():
     import signal
     import subprocess

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "distribution/communicator.h"
 #include "io/mapped_files.h"
+#include "backend/cpu/blas_kernels.h"
 #include "backend/cpu_backend.h"
 
 // Reports an error and ends the run. Under mpirun the whole job is aborted, so that no other rank
@@ -27,6 +28,7 @@
 }
 
 int main(int argc, char** argv) {
+  if (meshtune::time_sgemm_if_asked()) return 0;  // a child timing OpenBLAS' kernels for choose_blas_kernels
   meshtune::choose_blas_kernels(argv);
   meshtune::exit_on_fault_in_mapped_file();  // a checkpoint truncated under us: one line, not SIGBUS
   CLI::App app{"meshtune: fine-tune and run Gemma 1/2/3 models (Keras presets and Hugging Face checkpoints)"};

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "api/causal_lm.h"
+#include "backend/cpu/blas_kernels.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "distribution/communicator.h"
@@ -278,6 +279,15 @@ PYBIND11_MODULE(_meshtune, m) {
   m.def("world_size", [] { return world().size(); }, "Processes in this job (mpirun -np N, else 1)");
   m.def("world_rank", [] { return world().rank(); }, "This process' rank in the job");
   m.def("partition_spec_str", &partition_spec_str);
+  // OpenBLAS' kernel family is chosen before the engine loads (meshtune/_engine.py), by a child
+  // Python that calls _blas_kernels_to_use, which times the families in children calling _time_sgemm.
+  m.def("_time_sgemm", [] { time_sgemm_if_asked(); });
+  m.def("_blas_kernels_to_use", [](const std::vector<std::string>& timing_command) {
+    py::gil_scoped_release release;
+    const BlasChoice choice = blas_kernels_to_use(timing_command);
+    return std::make_pair(choice.core, choice.note);
+  });
+  m.def("_blas_kernel_choice", &blas_kernel_choice);
 
   py::class_<Dataset>(m, "Dataset")
       .def(py::init(&make_dataset), py::arg("texts"), py::arg("responses"), py::arg("conversations"),

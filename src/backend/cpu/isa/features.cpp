@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "backend/cpu/blas_kernels.h"
 #include "backend/cpu/isa/onednn.h"
 #include "backend/cpu/kernel_path.h"
 
@@ -155,20 +156,6 @@ KernelPath make_kernel_path(CpuPath isa, ProductRoutes onednn) {
   return path;
 }
 
-void choose_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE")) return;  // the user's (or our earlier) choice
-  const std::string core = openblas_get_corename();
-  // OpenBLAS' names for cores without AVX2, which it falls back to for CPUs it does not recognise.
-  const char* old_cores[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Sandybridge",
-                             "Katmai", "Coppermine", "Northwood", "Banias", "Unknown"};
-  bool fallback = false;
-  for (const char* name : old_cores) fallback = fallback || core == name;
-  const char* better = cpu_supports(CpuPath::Avx512) ? "SkylakeX" : cpu_supports(CpuPath::Avx2) ? "Haswell" : nullptr;
-  if (!fallback || !better) return;
-  setenv("OPENBLAS_CORETYPE", better, 1);
-  execv("/proc/self/exe", argv);  // only returns on failure: then carry on with the slow kernels
-}
-
 std::vector<std::string> kernel_report(const KernelPath& kernels, bool forced) {
   const CpuFeatures& f = cpu_features();
   const CpuPath path = kernels.isa;
@@ -194,6 +181,7 @@ std::vector<std::string> kernel_report(const KernelPath& kernels, bool forced) {
       std::string("BLAS: OpenBLAS ") + openblas_get_config() + ", core " + openblas_get_corename() + ", threading " +
           (parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "sequential") + ", " +
           std::to_string(openblas_get_num_threads()) + " threads",
+      blas_kernel_choice(),
       "OpenMP threads: " + std::to_string(omp_get_max_threads()),
   };
 }

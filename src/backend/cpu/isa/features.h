@@ -29,20 +29,6 @@ const char* cpu_path_name(CpuPath path);  // "generic", "avx2", "avx512", "avx51
 // The path named `name` (one of the above) that the CPU supports; Error naming `what` otherwise.
 CpuPath cpu_path_named(const std::string& name, const std::string& what);
 
-// OpenBLAS (DYNAMIC_ARCH) picks its kernel family from the CPU's family/model numbers when it
-// loads, and is often wrong: virtual machines mask the numbers and it falls back to SSE3
-// ("Prescott", 64 vs 282 GFLOP/s measured on one AVX-512 CPU), and CPUs newer than the library get
-// older kernels (Zen 4/5: Haswell's AVX2 ones, 1.5–1.8× slower than SkylakeX's). So the families
-// this CPU can run (SkylakeX and Cooperlake with AVX-512, Haswell with AVX2) are timed against the
-// one OpenBLAS chose — each in a child process of this program with OPENBLAS_CORETYPE set, as it
-// must be set before the library loads — once per machine (cached: core/machine_cache.h); when
-// another is faster by more than 3 % the program re-executes itself (argv as given) with
-// OPENBLAS_CORETYPE set to it. A user's OPENBLAS_CORETYPE is kept. Call it first thing in main(),
-// before MPI starts. MESHTUNE_RECALIBRATE=1 measures again.
-void choose_blas_kernels(char** argv);
-// The line `info --system` prints about that choice (the rates measured, or why nothing was).
-std::string blas_kernel_choice();
-
 // Lines for `meshtune info --system` and benchmarks: the CPU and its features, the path each
 // kernel takes on `path`, and the BLAS library with its threading.
 struct KernelPath;
