@@ -3,6 +3,11 @@
 // cache never stops a run, and the variables force a route. The routes' numbers against the
 // reference are test_backend_ops' ForcedRoutes.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <filesystem>
 #include <fstream>
@@ -14,6 +19,7 @@
 #include "backend/reference_backend.h"
 #include "core/file_util.h"
 #include "core/json.h"
+#include "core/machine_cache.h"
 #include "test_util.h"
 
 using namespace meshtune;
@@ -21,9 +27,12 @@ using namespace meshtune::testing;
 
 namespace {
 
+// The routes' one cache file in `dir` (beside it: the lock, OpenBLAS' kernel family).
 std::string only_cache_file(const std::string& dir) {
   std::string found;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("routes-", 0) != 0 || entry.path().extension() != ".json") continue;
     EXPECT_TRUE(found.empty()) << "a second cache file: " << entry.path();
     found = entry.path().string();
   }
@@ -113,6 +122,63 @@ TEST(Routes, LargeProductsAreMeasuredAtTheirOwnShape) {
   for (size_t i = 0; i < y.size(); i += 97) ASSERT_NEAR(y[i], want[i], 1e-3f) << i;
   const json cache = parse_json(read_file(only_cache_file(dir)), dir);
   EXPECT_EQ(cache.at("shapes").at(name).at("route"), measured.onednn ? "onednn" : "own");
+}
+
+// A shape another process measured (an MPI rank beside this one) is read from the cache, not timed
+// again, so the processes of a job take the same route; what this process saves keeps it.
+TEST(Routes, AShapeAnotherProcessMeasuredIsTaken) {
+  const std::string dir = make_temp_dir("routes-other");
+  setenv("MESHTUNE_CACHE_DIR", dir.c_str(), 1);  // this process' first use of the routes
+  CpuBackend backend;
+  if (!backend.path().uses_onednn(Product::F32Linear) && measured_routes().rates[size_t(Product::F32Linear)].onednn == 0)
+    GTEST_SKIP() << "oneDNN is not a candidate here";
+  const std::string file = only_cache_file(dir), name = "f32 x·Wᵀ at 128 × 4096 × 1500";
+  json cache = parse_json(read_file(file), file);  // as if another process had measured the shape
+  cache["shapes"][name] = {{"own_gflops", 1.5}, {"onednn_gflops", 2.5}, {"route", "onednn"}};
+  cache["shapes"]["f32 x·Wᵀ at 128 × 8192 × 1500"] = {{"own_gflops", 3.5}, {"onednn_gflops", 2.5}, {"route", "own"}};
+  write_file_atomic(file, cache.dump());
+  const int64_t M = 100, rows = 4096, cols = 1500;
+  const WeightMatrix W = WeightMatrix::from_f32(rows, cols, random_vector(size_t(rows * cols), 2));
+  std::vector<float> y(size_t(M * rows));
+  backend.linear(random_vector(size_t(M * cols), 1), M, W, y, MatmulPrecision::F32);
+  ASSERT_EQ(measured_routes().shapes.count(name), 1u);
+  EXPECT_EQ(measured_routes().shapes.at(name).rates.own, 1.5);  // read, not timed
+  EXPECT_TRUE(measured_routes().shapes.at(name).onednn);
+
+  const std::string other = "f32 x·Wᵀ at 128 × 4096 × 1400";  // a shape nobody measured: timed and saved
+  const WeightMatrix W2 = WeightMatrix::from_f32(rows, 1400, random_vector(size_t(rows * 1400), 3));
+  backend.linear(random_vector(size_t(M * 1400), 4), M, W2, y, MatmulPrecision::F32);
+  const json saved = parse_json(read_file(file), file);
+  EXPECT_TRUE(saved.at("shapes").contains(other)) << saved.dump();
+  EXPECT_EQ(saved.at("shapes").at("f32 x·Wᵀ at 128 × 8192 × 1500").at("own_gflops"), 3.5);  // kept
+}
+
+// The lock processes measuring at once take: the second waits until the first lets go.
+TEST(Routes, MeasuringProcessesWaitForEachOther) {
+  const std::string dir = make_temp_dir("routes-lock");
+  setenv("MESHTUNE_CACHE_DIR", dir.c_str(), 1);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const MachineCacheLock lock("routes");
+    char byte = 1;
+    if (write(ready[1], &byte, 1) != 1) _exit(2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    _exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(read(ready[0], &byte, 1), 1);  // the child holds the lock
+  const auto t0 = std::chrono::steady_clock::now();
+  { const MachineCacheLock lock("routes"); }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_GT(waited, 0.2);
+  close(ready[0]);
+  close(ready[1]);
 }
 
 TEST(Routes, VariablesForceARouteAndABadValueIsAnError) {

@@ -1,5 +1,11 @@
 #include "core/machine_cache.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -52,6 +58,18 @@ std::string write_machine_cache(const std::string& kind, const std::string& key,
   } catch (const std::exception& e) {
     return std::string("not cached: ") + e.what();
   }
+}
+
+MachineCacheLock::MachineCacheLock(const std::string& kind) {
+  std::error_code ec;
+  std::filesystem::create_directories(cache_directory(), ec);
+  fd_ = open((cache_directory() + "/" + kind + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (fd_ >= 0)
+    while (flock(fd_, LOCK_EX) != 0 && errno == EINTR) {}
+}
+
+MachineCacheLock::~MachineCacheLock() {
+  if (fd_ >= 0) close(fd_);  // releases the lock
 }
 
 }  // namespace meshtune

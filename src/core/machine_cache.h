@@ -21,4 +21,19 @@ std::optional<json> read_machine_cache(const std::string& kind, const std::strin
 // where ("saved in PATH") or why not ("not cached: …").
 std::string write_machine_cache(const std::string& kind, const std::string& key, json values);
 
+// Held while a measurement of `kind` is made and saved (an flock on DIR/KIND.lock): processes that
+// would measure the same thing at once — MPI ranks started together — wait for the first, then read
+// its result from the cache, so they measure once, on an otherwise idle machine, and agree. Best
+// effort: without a writable cache directory nothing is locked.
+class MachineCacheLock {
+ public:
+  explicit MachineCacheLock(const std::string& kind);
+  ~MachineCacheLock();
+  MachineCacheLock(const MachineCacheLock&) = delete;
+  MachineCacheLock& operator=(const MachineCacheLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace meshtune

@@ -6,7 +6,6 @@
 #include <signal.h>
 #include <spawn.h>
 #include <strings.h>
-#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,7 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -167,15 +165,7 @@ BlasChoice blas_kernels_to_use(const std::vector<std::string>& timing_command) {
     if (const std::optional<json> cached = read_machine_cache("blas-kernels", key))
       return choice_from(*cached, "measured " + cached->value("measured", std::string("?")) + ", cached in " + path);
 
-  // One process measures; the others (MPI ranks started together) wait for its result.
-  std::error_code ec;
-  std::filesystem::create_directories(cache_directory(), ec);
-  const int lock = open((cache_directory() + "/blas-kernels.lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-  if (lock >= 0) flock(lock, LOCK_EX);
-  struct Unlock {
-    int fd;
-    ~Unlock() { if (fd >= 0) close(fd); }
-  } unlock{lock};
+  const MachineCacheLock lock("blas-kernels");  // one process measures, the others wait and read
   if (!recalibrate)
     if (const std::optional<json> cached = read_machine_cache("blas-kernels", key))
       return choice_from(*cached, "measured " + cached->value("measured", std::string("?")) + " by another process, cached in " + path);

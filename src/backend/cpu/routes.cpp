@@ -151,8 +151,12 @@ MeasuredRoutes& routes_for(int threads) {
   const std::string key = cache_key(threads);
   std::optional<MeasuredRoutes> cached = again ? std::nullopt : read_cache(key, threads);
   if (!cached) {
-    cached = measure(threads);
-    cached->source = "measured now, " + write_cache(key, *cached);
+    const MachineCacheLock other_processes("routes");  // MPI ranks: one measures, the others read its result
+    if (!again) cached = read_cache(key, threads);
+    if (!cached) {
+      cached = measure(threads);
+      cached->source = "measured now, " + write_cache(key, *cached);
+    }
   }
   return routes_by_threads.emplace(threads, std::move(*cached)).first->second;
 }
@@ -201,6 +205,12 @@ bool route_at_shape(Product kind, int64_t M, int64_t rows, int64_t cols, const s
   while (bucket < M) bucket *= 2;
   const std::string name = std::string(product_name(kind)) + " at " + std::to_string(bucket) + " × " +
                            std::to_string(rows) + " × " + std::to_string(cols);
+  if (auto it = routes.shapes.find(name); it != routes.shapes.end()) return it->second.onednn;
+  // Another process (an MPI rank beside this one) may have measured the shape meanwhile: its
+  // result is taken, and kept when this one saves.
+  const MachineCacheLock other_processes("routes");
+  if (const std::optional<MeasuredRoutes> cached = read_cache(cache_key(threads), threads))
+    for (const auto& [other, shape] : cached->shapes) routes.shapes.emplace(other, shape);
   if (auto it = routes.shapes.find(name); it != routes.shapes.end()) return it->second.onednn;
   time_route(false);  // warm-ups: oneDNN compiles its kernel for the shape, pages are touched
   time_route(true);

@@ -9,7 +9,9 @@
 // sgemm's tiles, while at the model's 16384 × 2048 it is 0.85× (4096 × 2048 ranks them as the model's
 // shapes do, bench_gemm's route rows). All kinds take about 1.3 s on 2 cores, once: the result is cached (core/machine_cache.h) under the CPU model and features, the
 // OpenBLAS and oneDNN builds and the thread count (a cache that cannot be read or written is
-// ignored: the run measures and goes on). MESHTUNE_RECALIBRATE=1 or `meshtune info --system
+// ignored: the run measures and goes on); processes that would measure at once (MPI ranks) take
+// a lock — one measures, the others read its result — so a job's processes take the same routes.
+// MESHTUNE_RECALIBRATE=1 or `meshtune info --system
 // --recalibrate` measures again.
 #pragma once
 #include <array>
