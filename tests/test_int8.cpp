@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <random>
 
 #include "core/error.h"
 #include "cpu_path_test.h"
@@ -96,6 +98,25 @@ TEST(Int8Quantize, RoundsHalfToEvenAndClips) {
   const std::vector<float> zero(5, 0.f);
   EXPECT_EQ(quantize_int8(zero.data(), 5, codes.data()), 127.f / 1e-7f);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(codes[size_t(i)], 0);
+}
+
+// The vectorisable rounding (1.5·2²³ added and subtracted after clipping) equals Keras' definition,
+// clip(nearbyint(v·s), -127, 127), on ties, at the clipping edges and over a sweep of values.
+TEST(Int8Quantize, EqualsClippedNearbyintEverywhere) {
+  std::vector<float> v;
+  for (int k = -300; k <= 300; ++k) v.insert(v.end(), {0.5f * float(k), 0.5f * float(k) + 1e-4f, 0.5f * float(k) - 1e-4f});
+  for (float x : {126.5f, -126.5f, 127.49f, 127.5f, -127.5f, 128.f, 1e9f, -1e9f, -0.f, 0.49999997f, -0.49999997f,
+                  8388607.5f, std::numeric_limits<float>::max(), -std::numeric_limits<float>::infinity()})
+    v.push_back(x);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 60.f);
+  for (int i = 0; i < 10000; ++i) v.push_back(normal(rng));
+  for (float s : {1.f, 0.37f, 3.1f}) {
+    std::vector<int8_t> codes(v.size());
+    quantize_int8_scaled(v.data(), int64_t(v.size()), s, codes.data());
+    for (size_t i = 0; i < v.size(); ++i)
+      ASSERT_EQ(int(codes[i]), int(std::clamp(std::nearbyint(v[i] * s), -127.f, 127.f))) << v[i] << " × " << s;
+  }
 }
 
 // The backward is straight-through, as Keras' int8 EinsumDense gradient: dx = dy · (codes / scale),
