@@ -78,10 +78,9 @@ void quantize_int8_scaled(const float* values, int64_t n, float s, int8_t* codes
   // Keras: clip(round(v·s), -127, 127), rounding half to even as np.round does. Clipping first gives
   // the same codes (what rounds beyond ±127 clips to ±127 either way), and for |x| ≤ 127 adding and
   // then subtracting 1.5·2²³ rounds x to an integer, ties to even, in the default rounding mode — as
-  // nearbyint does, but in a loop the compiler vectorises (nearbyint was a call per value: a
-  // 7B model's 8.5 billion at load).
+  // nearbyint does, without a libm call per value (a 7B model's 8.5 billion at load; GCC keeps
+  // this loop scalar, with branches for the clipped values, and it is still 1.85× faster overall).
   constexpr float kRoundToInteger = 12582912.f;  // 1.5 · 2^23
-#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float clipped = std::min(std::max(values[i] * s, -127.f), 127.f);
     codes[i] = int8_t((clipped + kRoundToInteger) - kRoundToInteger);
