@@ -60,6 +60,11 @@ std::string write_machine_cache(const std::string& kind, const std::string& key,
   }
 }
 
+bool recalibration_asked() {
+  const char* env = std::getenv("MESHTUNE_RECALIBRATE");
+  return env && *env && std::string(env) != "0";
+}
+
 MachineCacheLock::MachineCacheLock(const std::string& kind) {
   std::error_code ec;
   std::filesystem::create_directories(cache_directory(), ec);

@@ -21,6 +21,9 @@ std::optional<json> read_machine_cache(const std::string& kind, const std::strin
 // where ("saved in PATH") or why not ("not cached: …").
 std::string write_machine_cache(const std::string& kind, const std::string& key, json values);
 
+// Whether MESHTUNE_RECALIBRATE (set, not empty, not "0") asks every measurement to be made again.
+bool recalibration_asked();
+
 // Held while a measurement of `kind` is made and saved (an flock on DIR/KIND.lock): processes that
 // would measure the same thing at once — MPI ranks started together — wait for the first, then read
 // its result from the cache, so they measure once, on an otherwise idle machine, and agree. Best

@@ -159,16 +159,16 @@ bool time_sgemm_if_asked() {
 BlasChoice blas_kernels_to_use(const std::vector<std::string>& timing_command) {
   const std::string own = openblas_get_corename();
   const std::string key = "blas kernels v1; cpu " + cpu_identity() + "; " + openblas_build() + " choosing " + own;
-  const bool recalibrate = std::getenv("MESHTUNE_RECALIBRATE") && std::string(std::getenv("MESHTUNE_RECALIBRATE")) == "1";
-  const std::string path = machine_cache_path("blas-kernels", key);
-  if (!recalibrate)
-    if (const std::optional<json> cached = read_machine_cache("blas-kernels", key))
-      return choice_from(*cached, "measured " + cached->value("measured", std::string("?")) + ", cached in " + path);
-
+  const bool recalibrate = recalibration_asked();
+  auto cached_choice = [&](const std::string& by) -> std::optional<BlasChoice> {
+    const std::optional<json> cached = recalibrate ? std::nullopt : read_machine_cache("blas-kernels", key);
+    if (!cached) return std::nullopt;
+    return choice_from(*cached, "measured " + cached->value("measured", std::string("?")) + by + ", cached in " +
+                                    machine_cache_path("blas-kernels", key));
+  };
+  if (auto choice = cached_choice("")) return *choice;
   const MachineCacheLock lock("blas-kernels");  // one process measures, the others wait and read
-  if (!recalibrate)
-    if (const std::optional<json> cached = read_machine_cache("blas-kernels", key))
-      return choice_from(*cached, "measured " + cached->value("measured", std::string("?")) + " by another process, cached in " + path);
+  if (auto choice = cached_choice(" by another process")) return *choice;
 
   // OpenBLAS' own choice, and the families this CPU runs (Cooperlake's sgemm is SkylakeX's).
   std::vector<std::string> families = {""};

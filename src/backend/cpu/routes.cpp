@@ -146,8 +146,7 @@ std::mutex& routes_mutex() {
 MeasuredRoutes& routes_for(int threads) {
   static std::map<int, MeasuredRoutes> routes_by_threads;
   if (auto it = routes_by_threads.find(threads); it != routes_by_threads.end()) return it->second;
-  const char* env = std::getenv("MESHTUNE_RECALIBRATE");
-  const bool again = recalibrate || (env && *env && std::string(env) != "0");
+  const bool again = recalibrate || recalibration_asked();
   const std::string key = cache_key(threads);
   std::optional<MeasuredRoutes> cached = again ? std::nullopt : read_cache(key, threads);
   if (!cached) {

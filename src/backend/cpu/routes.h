@@ -77,7 +77,7 @@ inline constexpr double kShapeRouteFlops = 1e9;
 // in the cache.
 bool route_at_shape(Product kind, int64_t M, int64_t rows, int64_t cols, const std::function<double(bool onednn)>& time_route);
 
-// Whether MESHTUNE_RECALIBRATE asks to measure again (also what `info --recalibrate` sets).
+// Makes this process measure the routes again, as MESHTUNE_RECALIBRATE does (`info --recalibrate`).
 void recalibrate_routes();
 
 // Lines for `meshtune info --system`: each kind's rates and the route `path` takes, and the shapes
