@@ -62,7 +62,8 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
         "dtype policy (--dtype-policy) must be float32, mixed_bfloat16 or bfloat16, got '", options.dtype_policy, "'");
   check(options.quantize.empty() || options.quantize == "int8", "quantize (--quantize) must be int8, got '",
         options.quantize, "'");
-  check(options.backend == "cpu" || options.backend == "cuda" || options.backend == "reference",
+  check(options.backend == "cpu" || options.backend == "cuda" || options.backend == "reference" ||
+            options.backend == "reference-device",
         "device (--device) must be cpu or cuda, got '", options.backend, "'");
   GemmaCausalLM lm;
   lm.options_ = options;
@@ -72,6 +73,8 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
     lm.backend_ = make_cuda_backend();
   } else if (options.backend == "reference") {
     lm.backend_ = std::make_unique<ReferenceBackend>();
+  } else if (options.backend == "reference-device") {
+    lm.backend_ = std::make_unique<ReferenceBackend>(Device::Cuda);
   } else {
     lm.backend_ = std::make_unique<CpuBackend>();
   }

@@ -45,7 +45,9 @@ struct PresetOptions {
   DistributionOptions distribution;   // a mesh and layout (keras.distribution); empty = one process
   std::ostream* notes = nullptr;      // where one-line notes go (nullptr: std::cerr); rank 0 only
   std::string backend = "cpu";        // cpu | cuda (--device: an NVIDIA GPU, one per process) |
-                                      // reference (the plain-loop oracle: slow, for checking)
+                                      // reference (the plain-loop oracle: slow, for checking) |
+                                      // reference-device (the same loops on memory tagged as a GPU's:
+                                      // tests run every device path of the API without a GPU)
 };
 
 struct LoraOptions {

@@ -176,12 +176,21 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::vector<TrainingLog
 
 // ---- checkpoints (the format is store/checkpoint.h's) ------------------------------------------
 
-std::vector<CheckpointTensor> Trainer::checkpoint_tensors() const {
+std::vector<CheckpointTensor> Trainer::checkpoint_tensors(std::vector<std::vector<float>>& staging) const {
+  const bool on_host = backend_->device() == Device::Host;
+  staging.clear();
+  staging.reserve(on_host ? 0 : 3 * params_.size());  // the spans below point into it: no reallocation
+  auto host_view = [&](Floats values, size_t n) -> Floats {
+    if (on_host) return values;
+    std::vector<float>& copy = staging.emplace_back(n);
+    backend_->download(values.part(0, n), copy);
+    return copy;
+  };
   std::vector<CheckpointTensor> tensors;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i];
-    tensors.push_back({p.path, p.value, optimizer_->momentums[i], optimizer_->velocities[i], p.size,
-                       trainables_[i].held()});
+    tensors.push_back({p.path, host_view(p.value, p.size), host_view(optimizer_->momentums[i], p.size),
+                       host_view(optimizer_->velocities[i], p.size), p.size, trainables_[i].held()});
   }
   return tensors;
 }
@@ -192,11 +201,20 @@ CheckpointState Trainer::checkpoint_state() const {
 }
 
 void Trainer::save_checkpoint(const std::string& path) const {
-  write_checkpoint(path, checkpoint_state(), checkpoint_tensors(), dist_.mesh);
+  std::vector<std::vector<float>> staging;
+  write_checkpoint(path, checkpoint_state(), checkpoint_tensors(staging), dist_.mesh);
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
-  const CheckpointState state = read_checkpoint(path, lora_ ? "lora" : "full", checkpoint_tensors(), dist_.mesh);
+  std::vector<std::vector<float>> staging;
+  const std::vector<CheckpointTensor> tensors = checkpoint_tensors(staging);
+  const CheckpointState state = read_checkpoint(path, lora_ ? "lora" : "full", tensors, dist_.mesh);
+  if (backend_->device() != Device::Host)  // the values read into the host copies go back to the device
+    for (size_t i = 0; i < params_.size(); ++i) {
+      backend_->upload(tensors[i].value, params_[i].value);
+      backend_->upload(tensors[i].momentum, optimizer_->momentums[i]);
+      backend_->upload(tensors[i].velocity, optimizer_->velocities[i]);
+    }
   step_ = state.step;
   optimizer_->iterations = state.iterations;
   epoch_loss_sum_ = state.epoch_loss_sum;

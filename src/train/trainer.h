@@ -135,7 +135,9 @@ class Trainer {
   // One optimizer step over the micro-batches of a (global) batch: their gradients accumulated,
   // summed over the mesh, AdamW applied. fit() and train_step() both take their steps here.
   LossSums optimizer_step(const std::vector<Batch>& micro_batches, double learning_rate);
-  std::vector<CheckpointTensor> checkpoint_tensors() const;
+  // The parameters and AdamW slots as the checkpoint files take them: host memory. A device
+  // backend's are copied into `staging` (downloaded; load_checkpoint uploads them back after reading).
+  std::vector<CheckpointTensor> checkpoint_tensors(std::vector<std::vector<float>>& staging) const;
   CheckpointState checkpoint_state() const;
 
   Backend* backend_;
