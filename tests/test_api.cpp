@@ -204,6 +204,20 @@ TEST(Api, DeviceMemoryRunsEveryVerbAsTheHost) {
   }
   ASSERT_EQ(resumed.at("device").losses.size(), 1u);
   EXPECT_EQ(resumed.at("device").losses, resumed.at("host").losses);
+
+  // Full fine-tuning: the working copies live on the device; saving downloads them.
+  std::map<std::string, Recorder> full = {{"host", {nullptr, 0}}, {"device", {nullptr, 0}}};
+  for (const std::string name : {"host", "device"}) {
+    api::GemmaCausalLM lm = load(name == "host" ? "reference" : "reference-device");
+    lm.compile({});
+    lm.set_sequence_length(32);
+    lm.fit(data, steps(2), {&full.at(name)});
+    EXPECT_FALSE(lm.generate({"The"}, lm.default_generate_options()).at(0).token_ids.empty()) << name;
+    lm.save_to_preset(dir + "/" + name + "-full");
+  }
+  EXPECT_EQ(full.at("device").losses, full.at("host").losses);
+  EXPECT_EQ(api::GemmaCausalLM::from_preset(dir + "/device-full", quiet()).evaluate(data, steps(1)).loss,
+            api::GemmaCausalLM::from_preset(dir + "/host-full", quiet()).evaluate(data, steps(1)).loss);
 }
 
 TEST(Api, FitEqualsTheCommandLine) {

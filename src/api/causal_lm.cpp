@@ -292,10 +292,8 @@ GemmaModel GemmaCausalLM::on_backend(const GemmaModel& host) const {
 }
 
 GemmaModel GemmaCausalLM::current_model() const {
-  if (trainer_ && backend_->device() != Device::Host) {
+  if (trainer_ && backend_->device() != Device::Host && trainer_->lora()) {
     // The trainer's weights are device memory; the host keeps the base it was given.
-    check(lora_ || trainer_->lora(), "writing a model fine-tuned in every weight on ", backend_->name(),
-          " is not supported yet (LoRA adapters are: save_lora_weights, or export with LoRA merged)");
     return merge_lora(model_, *trainer_->lora());
   }
   if (trainer_) return trainer_->current_model();

@@ -308,6 +308,17 @@ const std::optional<LoraWeights>& Trainer::lora() const {
 
 GemmaModel Trainer::current_model() {
   if (lora_) return merge_lora(frozen_.has_split() ? frozen_.materialize() : model_, *lora());
+  if (backend_->device() != Device::Host) {  // the working copies are device memory: download each
+    check(!dist_.mesh, "full fine-tuning on a mesh of ", backend_->name(), " is not supported");
+    GemmaModel m = model_;
+    const auto specs = gemma_variables(config_);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      std::vector<float> values(params_[i].size);
+      backend_->download(params_[i].value, values);
+      set_variable(m, specs[i], std::move(values));
+    }
+    return m;
+  }
   if (!plan_.active()) return model_;  // whole working copies
   GemmaModel m = model_;  // tensor parallel: each variable gathered from its parts
   m.config = config_;
@@ -342,8 +353,8 @@ GemmaModel Trainer::inference_model() {
   // Over an int8 base the adapters stay low-rank terms, as in Keras (merging would re-quantize).
   // So do they on a device backend: merging reads the weights on the host.
   if (lora_ && (int8_base_ || backend_->device() != Device::Host)) return training_model();
-  if (!dist_.mesh) return current_model();
   if (!lora_) return model_;  // the working copies (this process' parts under tensor parallelism)
+  if (!dist_.mesh) return current_model();
   return merge_lora_parts(frozen_.compute_model(/*by_layer=*/false), *lora(), config_, plan_);
 }
 
