@@ -2,8 +2,10 @@
 script.py`; one process is a mesh of one), a LayoutMap of regex rules, ModelParallel /
 DataParallel, and the global distribution that `GemmaCausalLM.from_preset` loads under.
 
-The devices are the processes of the job (each computes on its CPU cores); `list_devices()` names
-them "cpu:0" … "cpu:N-1" in rank order.
+The devices are the processes of the job, one device each: `list_devices()` names them "gpu:0" …
+"gpu:N-1" in rank order where this process has a usable NVIDIA GPU (as JAX lists its GPUs first;
+each process computes on the GPU of its local rank), else "cpu:0" … "cpu:N-1" (each computes on
+its CPU cores). A model loaded under a distribution computes on its mesh's kind of device.
 """
 from meshtune import _checks
 from meshtune._engine import engine
@@ -12,11 +14,21 @@ _current = None
 
 
 def list_devices(device_type=None):
-    if device_type is not None and str(device_type).lower() not in ("cpu",):
-        if str(device_type).lower() in ("gpu", "cuda", "tpu"):
-            return []  # this build computes on CPUs only
+    kind = None if device_type is None else str(device_type).lower()
+    if kind not in (None, "cpu", "gpu", "cuda", "tpu"):
         raise ValueError(f"list_devices: unknown device_type {device_type!r} (cpu, gpu or tpu)")
+    if kind == "tpu":
+        return []
+    if kind in ("gpu", "cuda") or (kind is None and engine.gpu_count() > 0):
+        return [f"gpu:{i}" for i in range(engine.world_size())] if engine.gpu_count() > 0 else []
     return [f"cpu:{i}" for i in range(engine.world_size())]
+
+
+def _backend():
+    """The engine's backend for models loaded now: the global distribution's kind of device, else
+    the default kind (a GPU when this process has one, as JAX's default)."""
+    devices = _current.device_mesh.devices if _current is not None else list_devices()
+    return "cuda" if devices and str(devices[0]).startswith("gpu") else "cpu"
 
 
 def initialize(job_addresses=None, num_processes=None, process_id=None):

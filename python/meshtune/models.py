@@ -244,8 +244,7 @@ class GemmaCausalLM:
             options["quantize"] = _checks.string("quantize", quantize)
         if lora is not None:
             options["lora"] = _checks.path("lora", lora)
-        if backend is not None:
-            options["backend"] = _checks.string("backend", backend)
+        options["backend"] = distribution_module._backend() if backend is None else _checks.string("backend", backend)
         task = object.__new__(cls)
         task._preset = _checks.path("preset", preset)
         task._options = options

@@ -50,3 +50,8 @@ def fresh_globals():
     meshtune.mixed_precision.set_global_policy("float32")
     meshtune.utils._seed = None
     yield
+
+
+def as_lists(values):
+    """score()'s logits as nested lists whether numpy is installed (an array) or not (lists)."""
+    return values.tolist() if hasattr(values, "tolist") else values

@@ -8,7 +8,7 @@ import pytest
 import meshtune
 import meshtune as keras
 import meshtune as keras_nlp
-from conftest import TINY, TINY2, read_npy_f32, run_cli, write_npy_i32
+from conftest import TINY, TINY2, as_lists, read_npy_f32, run_cli, write_npy_i32
 
 
 def test_greedy_generate_equals_the_command_line():
@@ -29,7 +29,7 @@ def test_logits_equal_the_command_line_bit_for_bit(tmp_path):
     write_npy_i32(tmp_path / "ids.npy", rows)
     run_cli("logits", TINY, "--token-ids", str(tmp_path / "ids.npy"), "--out", str(tmp_path / "logits.npy"))
     shape, want = read_npy_f32(tmp_path / "logits.npy")
-    got = lm.score(rows)
+    got = as_lists(lm.score(rows))
     flat = [v for b in got for t in b for v in t]
     assert shape == (2, 6, 1000)
     assert flat == list(want)
@@ -63,8 +63,9 @@ def test_a_lora_run_equals_finetune_bit_for_bit(tmp_path):
     # The adapter: same values as the command line's (both written by the engine; compare the tensors).
     a = meshtune.models.GemmaCausalLM.from_preset(TINY, lora=str(tmp_path / "python.lora.h5"))
     b = meshtune.models.GemmaCausalLM.from_preset(TINY, lora=str(tmp_path / "run/adapter.lora.h5"))
-    assert a.score([[2, 549, 323, 268]]) == b.score([[2, 549, 323, 268]])
-    assert a.score([[2, 549, 323, 268]]) != meshtune.models.GemmaCausalLM.from_preset(TINY).score([[2, 549, 323, 268]])
+    assert as_lists(a.score([[2, 549, 323, 268]])) == as_lists(b.score([[2, 549, 323, 268]]))
+    assert as_lists(a.score([[2, 549, 323, 268]])) != \
+        as_lists(meshtune.models.GemmaCausalLM.from_preset(TINY).score([[2, 549, 323, 268]]))
 
 
 def test_keras_names_and_shapes():
@@ -85,9 +86,9 @@ def test_keras_names_and_shapes():
 
 def test_mixed_bfloat16_changes_the_numbers_and_float32_does_not():
     rows = [[2, 549, 323, 268]]
-    f32 = keras_nlp.models.GemmaCausalLM.from_preset(TINY).score(rows)
+    f32 = as_lists(keras_nlp.models.GemmaCausalLM.from_preset(TINY).score(rows))
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    bf16 = keras_nlp.models.GemmaCausalLM.from_preset(TINY).score(rows)
+    bf16 = as_lists(keras_nlp.models.GemmaCausalLM.from_preset(TINY).score(rows))
     assert f32 != bf16
     diff = max(abs(a - b) for x, y in zip(f32[0], bf16[0]) for a, b in zip(x, y))
     assert diff < 0.5
@@ -264,3 +265,22 @@ def test_a_generation_too_big_for_the_machine_is_refused_at_once():
     with pytest.raises(ValueError, match=r"generate: 100000 prompts × max_length 8192 \(--max-length\) need about"):
         lm.generate(["a"] * 100000, max_length=8192)
     assert time.perf_counter() - start < 10
+
+
+def test_devices_are_gpus_where_there_are_and_a_gpu_mesh_computes_on_them():
+    from meshtune._engine import engine
+    gpus = engine.gpu_count()
+    assert keras.distribution.list_devices("cpu") == ["cpu:0"]
+    assert keras.distribution.list_devices("gpu") == (["gpu:0"] if gpus else [])
+    assert keras.distribution.list_devices() == (["gpu:0"] if gpus else ["cpu:0"])
+    if gpus:
+        return
+    # A mesh of GPU devices asks for the CUDA backend: here there is none to compute on.
+    mesh = keras.distribution.DeviceMesh((1, 1), ["batch", "model"], devices=["gpu:0"])
+    keras.distribution.set_distribution(keras.distribution.DataParallel(device_mesh=mesh))
+    try:
+        with pytest.raises(ValueError, match="--device cuda: no usable NVIDIA GPU"):
+            keras_nlp.models.GemmaCausalLM.from_preset(TINY)
+    finally:
+        keras.distribution.set_distribution(None)
+    assert keras_nlp.models.GemmaCausalLM.from_preset(TINY).generate("The", max_length=4)

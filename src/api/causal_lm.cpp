@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "distribution/communicator.h"
+#include "distribution/nccl.h"
 #include "model/variables.h"
 #include "store/checkpoint.h"
 #include "store/lora_files.h"
@@ -80,9 +81,12 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
   }
   lm.dir_ = inspect_model_dir(resolve_model_path(preset, options.models_dir));
   lm.sequence_length_ = lm.dir_.sequence_length;
-  lm.mesh_ = options.distribution.make_mesh();
-  check(!lm.mesh_ || lm.backend_->device() == Device::Host, "--device cuda with a mesh or several processes: meshes "
-        "of GPUs need the NCCL communicator, which is not built yet (one GPU in one process, or --device cpu)");
+  if (lm.backend_->device() != Device::Host && options.distribution.wants_mesh()) {
+    // A mesh of GPUs: collectives on device memory over NCCL, on the backend's stream.
+    lm.device_comm_ = options.backend == "cuda" ? make_nccl_communicator(world(), cuda_stream_of(*lm.backend_))
+                                                : make_device_tagged_communicator(world(), lm.backend_->device());
+  }
+  lm.mesh_ = options.distribution.make_mesh(lm.device_comm_ ? *lm.device_comm_ : world());
   LoadOptions load;
   if (lm.mesh_) {
     // The layout and the tensor-parallel plan first: a bad layout fails before the weights are read.
@@ -264,12 +268,12 @@ GemmaModel GemmaCausalLM::inference_model() const {
     // weights: the blocks are shared with model_, which fit() hands to the trainer).
     if (!sharded_) sharded_ = std::make_unique<ShardedModel>(model_, distribution_.layout, *mesh_, plan_);
     GemmaModel m = sharded_->compute_model(/*by_layer=*/false);
-    if (!adapter) return m;
+    if (!adapter) return on_backend(m);
     if (m.has_int8()) {
       attach_lora(m, *adapter, config_, plan_);
       return m;
     }
-    return merge_lora_parts(m, *adapter, config_, plan_);
+    return on_backend(merge_lora_parts(m, *adapter, config_, plan_));
   }
   if (!adapter) return on_backend(model_);
   GemmaModel m = model_;
@@ -287,12 +291,15 @@ GemmaModel GemmaCausalLM::on_backend(const GemmaModel& host) const {
     uploaded_.reset();  // the old copy's device memory first
     uploaded_ = upload_model(host, *backend_);
     uploaded_from_ = std::move(from);
+    // Kept alive so that its addresses are not reused by a later model (a merge with other
+    // adapter values) that would then look like this one.
+    uploaded_source_ = host;
   }
   return *uploaded_;
 }
 
 GemmaModel GemmaCausalLM::current_model() const {
-  if (trainer_ && backend_->device() != Device::Host && trainer_->lora()) {
+  if (trainer_ && backend_->device() != Device::Host && !mesh_ && trainer_->lora()) {
     // The trainer's weights are device memory; the host keeps the base it was given.
     return merge_lora(model_, *trainer_->lora());
   }
@@ -505,9 +512,12 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
     if (backend_->device() != Device::Host) {
       // The trainer computes with the weights in the device's memory; the host copy stays the base
       // that export merges the trained adapter into (current_model).
-      trainer_ = std::make_unique<Trainer>(*backend_, precision_, on_backend(model_), lora_, fit, distribution_);
+      // Under a mesh the trainer cuts the host weights into blocks and uploads what it computes with.
+      trainer_ = std::make_unique<Trainer>(*backend_, precision_, mesh_ ? model_ : on_backend(model_), lora_, fit,
+                                           distribution_);
       uploaded_.reset();
       uploaded_from_.clear();
+      uploaded_source_ = GemmaModel{};
     } else {
       trainer_ = std::make_unique<Trainer>(*backend_, precision_, std::move(model_), lora_, fit, distribution_);
       model_ = GemmaModel{};

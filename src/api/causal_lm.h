@@ -217,6 +217,9 @@ class GemmaCausalLM {
   int sequence_length_ = 0;
   std::vector<DType> stored_dtypes_;  // each variable's as loaded, in gemma_variables order
   std::unique_ptr<Tokenizer> tokenizer_;
+  // A mesh of GPUs' collectives (NCCL over world(), or the device-tagged one of reference-device);
+  // declared before the mesh, whose axis communicators are split from it, so it outlives them.
+  std::unique_ptr<Communicator> device_comm_;
   std::unique_ptr<DeviceMesh> mesh_;
   Distribution distribution_;
   TensorParallelPlan plan_;
@@ -228,6 +231,7 @@ class GemmaCausalLM {
   // from (uploaded again when they change: another adapter merged, weights replaced).
   mutable std::optional<GemmaModel> uploaded_;
   mutable std::vector<const void*> uploaded_from_;
+  mutable GemmaModel uploaded_source_;
   GemmaModel on_backend(const GemmaModel& host) const;
   std::unique_ptr<LoraWeights> attached_;  // an adapter loaded with the preset kept as low-rank terms (int8 base)
   bool base_rounded_to_bf16_ = false;      // the policy stored the matrices as bf16 at load

@@ -52,9 +52,10 @@ LayoutMap DistributionOptions::make_layout(const GemmaConfig& config, const std:
   return map;
 }
 
-std::unique_ptr<DeviceMesh> DistributionOptions::make_mesh() const {
-  Communicator& comm = world();
-  if (empty() && comm.size() == 1) return nullptr;
+bool DistributionOptions::wants_mesh() const { return !empty() || world().size() > 1; }
+
+std::unique_ptr<DeviceMesh> DistributionOptions::make_mesh(Communicator& comm) const {
+  if (!wants_mesh()) return nullptr;
   const std::vector<int> s = shape(comm.size());
   return std::make_unique<DeviceMesh>(s, names(s), comm);
 }

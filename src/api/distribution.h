@@ -36,8 +36,11 @@ struct DistributionOptions {
   // `warning`) when the model's KV heads do not divide it — KerasHub's map fails there (keras-hub#1613).
   LayoutMap make_layout(const GemmaConfig& config, const std::vector<int>& shape,
                         const std::vector<std::string>& axis_names, std::string* warning = nullptr) const;
-  // The mesh over this job's processes (nullptr when empty() and the job is one process).
-  std::unique_ptr<DeviceMesh> make_mesh() const;
+  // Whether this job needs a mesh: a distribution was given, or it runs several processes.
+  bool wants_mesh() const;
+  // The mesh over this job's processes, their collectives through `comm` (world(), or the device
+  // communicator over it of a mesh of GPUs); nullptr when !wants_mesh().
+  std::unique_ptr<DeviceMesh> make_mesh(Communicator& comm) const;
 };
 
 // For sharded loading (load_model): this process' block of every variable `layout` splits on

@@ -57,6 +57,12 @@ std::unique_ptr<Backend> make_cuda_backend(int gpu) {
   return std::make_unique<CudaBackend>(gpu);
 }
 
+void* cuda_stream_of(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  check(cuda != nullptr, "cuda_stream_of: ", backend.name(), " is not a CUDA backend");
+  return cuda->stream();
+}
+
 #else
 
 CudaSystem cuda_system() {
@@ -71,6 +77,8 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
   fail("--device cuda: this meshtune was built without the CUDA backend (no CUDA toolkit was found when it was "
        "built; rebuild with the toolkit and -DMESHTUNE_CUDA=ON)");
 }
+
+void* cuda_stream_of(Backend& backend) { fail("cuda_stream_of: ", backend.name(), " is not a CUDA backend"); }
 
 #endif
 

@@ -36,4 +36,8 @@ size_t gpu_memory_in_use();
 // per GPU under mpirun). One Error naming `--device cuda` and the reason when it cannot be made.
 std::unique_ptr<Backend> make_cuda_backend(int gpu = -1);
 
+// The CUDA stream a CUDA backend queues its ops on (a cudaStream_t), for the NCCL communicator of
+// a mesh of GPUs to queue its collectives in order with them. An Error for any other backend.
+void* cuda_stream_of(Backend& backend);
+
 }  // namespace meshtune

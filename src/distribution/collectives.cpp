@@ -10,6 +10,7 @@ void all_reduce_sum_bucketed(Communicator& comm, const std::vector<Span<float>>&
   constexpr size_t kBucket = size_t(1) << 24;
   std::vector<float> bucket;
   std::vector<Span<float>> members;
+  std::vector<Span<float>> on_device;  // summed in place as one group: the bucket is host memory
   auto flush = [&] {
     if (bucket.empty()) return;
     comm.all_reduce_sum(bucket);
@@ -26,13 +27,16 @@ void all_reduce_sum_bucketed(Communicator& comm, const std::vector<Span<float>>&
       comm.all_reduce_sum(array);
       continue;
     }
-    check(array.device == Device::Host, "all_reduce_sum_bucketed: the bucket is host memory, an array is in ",
-          device_name(array.device), " memory");
+    if (array.device != Device::Host) {
+      on_device.push_back(array);
+      continue;
+    }
     if (bucket.size() + array.size > kBucket) flush();
     bucket.insert(bucket.end(), array.data, array.data + array.size);
     members.push_back(array);
   }
   flush();
+  if (!on_device.empty()) comm.all_reduce_sum_group(on_device);
 }
 
 }  // namespace meshtune

@@ -221,26 +221,73 @@ std::unique_ptr<Communicator> make_world() {
 
 }  // namespace
 
+// The communicator for operands in `where`: a device communicator's host twin for host memory.
+Communicator* Communicator::for_memory(Device where) {
+  Communicator* twin = where == Device::Host && device() != Device::Host ? host_twin() : nullptr;
+  return twin ? twin : this;
+}
+
 void Communicator::all_reduce_sum(Span<float> data) {
+  if (Communicator* c = for_memory(data.device); c != this) return c->all_reduce_sum(data);
   all_reduce_sum_impl(operand(*this, data, data.size, "all_reduce_sum", "data"), data.size);
 }
 void Communicator::all_reduce_sum(Span<double> data) {
+  if (Communicator* c = for_memory(data.device); c != this) return c->all_reduce_sum(data);
   all_reduce_sum_impl(operand(*this, data, data.size, "all_reduce_sum", "data"), data.size);
 }
 void Communicator::all_reduce_max(Span<float> data) {
+  if (Communicator* c = for_memory(data.device); c != this) return c->all_reduce_max(data);
   all_reduce_max_impl(operand(*this, data, data.size, "all_reduce_max", "data"), data.size);
 }
 void Communicator::all_gather(Span<const float> in, Span<float> out) {
+  if (Communicator* c = for_memory(in.device); c != this) return c->all_gather(in, out);
   const float* from = operand(*this, in, in.size, "all_gather", "input");
   all_gather_impl(from, in.size, operand(*this, out, in.size * size_t(size()), "all_gather", "output"));
 }
 void Communicator::reduce_scatter_sum(Span<const float> in, Span<float> out) {
+  if (Communicator* c = for_memory(in.device); c != this) return c->reduce_scatter_sum(in, out);
   const float* from = operand(*this, in, out.size * size_t(size()), "reduce_scatter_sum", "input");
   reduce_scatter_sum_impl(from, out.size, operand(*this, out, out.size, "reduce_scatter_sum", "output"));
 }
 void Communicator::broadcast(Span<float> data, int root) {
+  if (Communicator* c = for_memory(data.device); c != this) return c->broadcast(data, root);
   check_root(root, size(), "broadcast");
   broadcast_impl(operand(*this, data, data.size, "broadcast", "data"), data.size, root);
+}
+void Communicator::all_reduce_sum_group(const std::vector<Span<float>>& arrays) {
+  for (const Span<float>& a : arrays) all_reduce_sum(a);
+}
+
+namespace {
+
+// make_device_tagged_communicator's: the host twin's collectives on the (host) memory behind the tag.
+class DeviceTaggedCommunicator : public DeviceCommunicator {
+ public:
+  DeviceTaggedCommunicator(Communicator& host, Device device) : DeviceCommunicator(host, device) {}
+  DeviceTaggedCommunicator(std::unique_ptr<Communicator> host, Device device)
+      : DeviceCommunicator(std::move(host), device) {}
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    return std::unique_ptr<Communicator>(new DeviceTaggedCommunicator(host().split(color, key), device()));
+  }
+
+ protected:
+  void all_reduce_sum_impl(float* data, size_t count) override { host().all_reduce_sum({data, count}); }
+  void all_reduce_sum_impl(double* data, size_t count) override { host().all_reduce_sum({data, count}); }
+  void all_reduce_max_impl(float* data, size_t count) override { host().all_reduce_max({data, count}); }
+  void all_gather_impl(const float* in, size_t count, float* out) override {
+    host().all_gather({in, count}, {out, count * size_t(size())});
+  }
+  void reduce_scatter_sum_impl(const float* in, size_t count, float* out) override {
+    host().reduce_scatter_sum({in, count * size_t(size())}, {out, count});
+  }
+  void broadcast_impl(float* data, size_t count, int root) override { host().broadcast({data, count}, root); }
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_device_tagged_communicator(Communicator& host, Device device) {
+  check(host.device() == Device::Host, "make_device_tagged_communicator: the twin must work on host memory");
+  return std::unique_ptr<Communicator>(new DeviceTaggedCommunicator(host, device));
 }
 
 

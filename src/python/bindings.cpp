@@ -16,6 +16,7 @@
 
 #include "api/causal_lm.h"
 #include "backend/cpu/blas_kernels.h"
+#include "backend/cuda_devices.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "distribution/communicator.h"
@@ -279,6 +280,8 @@ PYBIND11_MODULE(_meshtune, m) {
   m.def("world_size", [] { return world().size(); }, "Processes in this job (mpirun -np N, else 1)");
   m.def("world_rank", [] { return world().rank(); }, "This process' rank in the job");
   m.def("partition_spec_str", &partition_spec_str);
+  m.def("gpu_count", [] { return int(cuda_system().gpus.size()); },
+        "NVIDIA GPUs this process can compute on (0 without a GPU, driver or CUDA build)");
   // OpenBLAS' kernel family is chosen before the engine loads (meshtune/_engine.py), by a child
   // Python that calls _blas_kernels_to_use, which times the families in children calling _time_sgemm.
   m.def("_time_sgemm", [] { time_sgemm_if_asked(); });

@@ -132,9 +132,13 @@ void Trainer::place_variables() {
     trainables_.push_back(std::move(t));
   }
   if (!dist_.mesh) return;
-  // The blocks, their gradients' collectives and the gathers below work on host memory (MPI's).
-  check(backend_->device() == Device::Host, "training under a mesh needs a backend computing in host memory, not ",
-        backend_->name());
+  // Full fine-tuning's blocks, their gradients' collectives and gathers work on host memory (MPI's).
+  // On a mesh of GPUs LoRA trains: the frozen base is cut into blocks on the host and its compute
+  // model uploaded (training_model), the adapters live on the GPU and their gradients are summed
+  // over NCCL.
+  const bool on_device = backend_->device() != Device::Host;
+  check(!on_device || lora_, "full fine-tuning on a mesh of ", backend_->name(),
+        " is not supported: train LoRA adapters (enable_lora / --lora-rank), or use --device cpu");
   DeviceMesh& mesh = *dist_.mesh;
   plan_ = plan_tensor_parallel(config_, dist_.layout, mesh, dist_.batch_axis, dist_.tensor_parallel);
   if (lora_) {
@@ -151,6 +155,8 @@ void Trainer::place_variables() {
         t.shard = make_shard_spec(right_aligned_dimensions(shape.size()), shape,
                                   dist_.layout.resolve(params_[2 * i + size_t(which)].path, shape, mesh), mesh);
         t.partial = plan_.active();
+        check(!on_device || !t.separate(), "on a mesh of ", backend_->name(), " LoRA matrices are replicated, but the "
+              "layout map splits ", params_[2 * i + size_t(which)].path, " (leave lora_kernel_a/b out of it)");
       }
     }
   } else {
@@ -343,7 +349,11 @@ const GemmaModel& Trainer::training_model() {
   // split variables all-gathered one block at a time as the passes reach them), with the adapters
   // as low-rank terms: nothing is merged.
   if (!training_model_) {
-    training_model_ = dist_.mesh ? frozen_.compute_model(/*by_layer=*/true) : model_;
+    if (!dist_.mesh) training_model_ = model_;
+    // On a device the compute model is made whole on the host (no per-layer gathers in the passes)
+    // and uploaded once.
+    else if (backend_->device() != Device::Host) training_model_ = upload_model(frozen_.compute_model(false), *backend_);
+    else training_model_ = frozen_.compute_model(/*by_layer=*/true);
     attach_lora(*training_model_, *lora_, lora_tensors_, config_, plan_);
   }
   return *training_model_;

@@ -45,6 +45,8 @@ std::string CudaBackend::name() const {
   return std::string("cuda:") + std::to_string(gpu_) + " (" + prop.name + ")";
 }
 
+void* CudaBackend::stream() const { return state_->stream; }
+
 void CudaBackend::synchronize() { check_cuda(cudaStreamSynchronize(state_->stream), "synchronize"); }
 
 // ---- memory and the host crossings ----

@@ -25,6 +25,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::Cuda; }
   void synchronize() override;
   int gpu() const { return gpu_; }
+  void* stream() const;  // the cudaStream_t every op is queued on
 
  protected:
   void* allocate_impl(size_t bytes) override;

@@ -4,14 +4,13 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include <dlfcn.h>
-
 #include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
+#include "core/shared_library.h"
 
 namespace meshtune::cuda {
 
@@ -39,15 +38,10 @@ struct Cublas {
 };
 inline const Cublas& cublas() {
   static const Cublas loaded = [] {
-    void* lib = dlopen("libcublas.so." MESHTUNE_CUBLAS_MAJOR, RTLD_NOW | RTLD_LOCAL);
-    if (!lib) lib = dlopen(MESHTUNE_CUDA_LIBRARY_DIR "/libcublas.so." MESHTUNE_CUBLAS_MAJOR, RTLD_NOW | RTLD_LOCAL);
-    check(lib != nullptr, "--device cuda: cannot open cuBLAS (libcublas.so." MESHTUNE_CUBLAS_MAJOR "): ", dlerror());
+    const std::string soname = "libcublas.so." MESHTUNE_CUBLAS_MAJOR;
+    void* lib = open_shared_library(soname, MESHTUNE_CUDA_LIBRARY_DIR, "--device cuda: cuBLAS");
     Cublas c;
-    auto symbol = [lib](const char* name) {
-      void* f = dlsym(lib, name);
-      check(f != nullptr, "--device cuda: cuBLAS has no ", name);
-      return f;
-    };
+    auto symbol = [&](const char* name) { return library_symbol(lib, soname, name, "--device cuda: cuBLAS"); };
     c.create = reinterpret_cast<decltype(c.create)>(symbol("cublasCreate_v2"));
     c.destroy = reinterpret_cast<decltype(c.destroy)>(symbol("cublasDestroy_v2"));
     c.set_stream = reinterpret_cast<decltype(c.set_stream)>(symbol("cublasSetStream_v2"));
