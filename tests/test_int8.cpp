@@ -24,6 +24,7 @@
 #include "backend/cpu/linear.h"
 #include "model/backward.h"
 #include "model/lora.h"
+#include "model/variables.h"
 #include "store/load.h"
 #include "store/lora_files.h"
 #include "test_util.h"
@@ -463,3 +464,38 @@ TEST(Int8Cli, GenerateOnAnInt8PresetAndWithQuantize) {
 }
 
 }  // namespace
+
+// A Keras kernel quantized as it is permuted, band by band (keras_kernel_to_int8, the load's path
+// for int8), equals permuting it first and quantizing the result: every code and scale, for each
+// permuted kind, in F32 and BF16, with row counts that leave a partial band and (query kernels)
+// bands that cross from one head to the next.
+TEST(Int8Quantize, KerasKernelsQuantizedWhilePermutedEqualPermutingFirst) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const std::vector<std::pair<VarKind, Shape>> kernels = {
+      {VarKind::HeadsIn, {7, 37, 5}}, {VarKind::HeadsOut, {3, 5, 37}}, {VarKind::Dense, {37, 21}}};
+  for (const auto& [kind, shape] : kernels)
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      HostTensor k = HostTensor::allocate(dtype, shape);
+      for (int64_t i = 0; i < num_elements(shape); ++i) {
+        const float v = normal(rng) * (i % 11 == 0 ? 40.f : 1.f);  // some rows with outliers
+        if (dtype == DType::F32) k.mutable_as<float>()[i] = v;
+        else k.mutable_as<uint16_t>()[i] = f32_to_bf16(v);
+      }
+      const HostTensor ours = keras_to_ours(k, kind);
+      WeightMatrix permuted;
+      permuted.rows = ours.shape[0];
+      permuted.cols = ours.shape[1];
+      permuted.dtype = dtype;
+      permuted.data = ours.data;
+      const WeightMatrix want = quantize_matrix_int8(permuted);
+      const std::optional<WeightMatrix> got = keras_kernel_to_int8(k, kind);
+      ASSERT_TRUE(got.has_value());
+      ASSERT_EQ(got->rows, want.rows);
+      ASSERT_EQ(got->cols, want.cols);
+      EXPECT_EQ(0, std::memcmp(got->i8(), want.i8(), size_t(want.rows * want.cols))) << int(kind) << " " << int(dtype);
+      EXPECT_EQ(std::vector<float>(got->scales, got->scales + got->rows),
+                std::vector<float>(want.scales, want.scales + want.rows));
+    }
+  EXPECT_FALSE(keras_kernel_to_int8(HostTensor::allocate(DType::F32, {10, 4}), VarKind::Embedding).has_value());
+}

@@ -119,28 +119,76 @@ void check_declared(const HostTensor& t, const TensorSpec& spec, const std::stri
   check(t.nbytes() == 0 || t.data != nullptr, where, ": tensor \"", spec.name, "\" has no data");
 }
 
+constexpr int64_t kPermuteTile = 16;  // 1.4× faster than 32 at a 7B Dense kernel's transposition (2 threads)
+
+// The output tile at (a0, b0, c0) of permute_elements.
 template <typename Element>
-static void permute_elements(const std::byte* src, Element* dst, std::array<int64_t, 3> od, std::array<int64_t, 3> s) {
-  constexpr int64_t kTile = 16;  // 1.4× faster than 32 at a 7B Dense kernel's transposition (2 threads)
+static void permute_tile(const std::byte* src, Element* dst, std::array<int64_t, 3> od, std::array<int64_t, 3> s,
+                         int64_t a0, int64_t b0, int64_t c0) {
+  for (int64_t a = a0; a < std::min(a0 + kPermuteTile, od[0]); ++a)
+    for (int64_t b = b0; b < std::min(b0 + kPermuteTile, od[1]); ++b)
+      for (int64_t c = c0; c < std::min(c0 + kPermuteTile, od[2]); ++c)
+        // memcpy: a view of a file may be misaligned for its type (one mov all the same)
+        std::memcpy(&dst[(a * od[1] + b) * od[2] + c], src + (a * s[0] + b * s[1] + c * s[2]) * int64_t(sizeof(Element)),
+                    sizeof(Element));
+}
+
+// dst[a][b][c] (row-major, shape `od`) = src[a·s0 + b·s1 + c·s2], in tiles of kPermuteTile³
+// elements so that reads and writes both stay within a few cache lines whatever the permutation
+// (walking the output in order reads the source a cache line per element: minutes for a 7B
+// model's matrices). In parallel over tiles, or serially (a caller's thread permuting its part).
+template <typename Element>
+static void permute_elements(const std::byte* src, Element* dst, std::array<int64_t, 3> od, std::array<int64_t, 3> s,
+                             bool parallel = true) {
   // In parallel over tiles of the output: a 7B preset's permutations were a fifth of its load time.
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t a0 = 0; a0 < od[0]; a0 += kTile)
-    for (int64_t b0 = 0; b0 < od[1]; b0 += kTile)
-      for (int64_t c0 = 0; c0 < od[2]; c0 += kTile)
-        for (int64_t a = a0; a < std::min(a0 + kTile, od[0]); ++a)
-          for (int64_t b = b0; b < std::min(b0 + kTile, od[1]); ++b)
-            for (int64_t c = c0; c < std::min(c0 + kTile, od[2]); ++c)
-              // memcpy: a view of a file may be misaligned for its type (one mov all the same)
-              std::memcpy(&dst[(a * od[1] + b) * od[2] + c], src + (a * s[0] + b * s[1] + c * s[2]) * int64_t(sizeof(Element)),
-                          sizeof(Element));
+#pragma omp parallel for collapse(2) schedule(static) if (parallel)
+  for (int64_t a0 = 0; a0 < od[0]; a0 += kPermuteTile)
+    for (int64_t b0 = 0; b0 < od[1]; b0 += kPermuteTile)
+      for (int64_t c0 = 0; c0 < od[2]; c0 += kPermuteTile) permute_tile(src, dst, od, s, a0, b0, c0);
+}
+
+template <typename Element>
+static void permute_serially(const std::byte* src, std::byte* dst, std::array<int64_t, 3> od, std::array<int64_t, 3> s) {
+  permute_elements<Element>(src, reinterpret_cast<Element*>(dst), od, s, /*parallel=*/false);
+}
+
+// The permutation's output dimensions and the input strides each walks.
+struct Permutation {
+  std::array<int64_t, 3> od, strides;
+};
+static Permutation permutation(std::array<int64_t, 3> dims, std::array<int, 3> perm) {
+  const std::array<int64_t, 3> in_strides = {dims[1] * dims[2], dims[2], 1};
+  return {{dims[perm[0]], dims[perm[1]], dims[perm[2]]}, {in_strides[perm[0]], in_strides[perm[1]], in_strides[perm[2]]}};
+}
+
+void permute3_rows(const HostTensor& in, std::array<int64_t, 3> dims, std::array<int, 3> perm, int64_t row_length,
+                   int64_t first_row, int64_t rows, std::byte* dst) {
+  const auto [od, s] = permutation(dims, perm);
+  const int64_t size = int64_t(dtype_size(in.dtype));
+  auto serial = [&](const std::byte* from, std::byte* to, std::array<int64_t, 3> sub) {
+    switch (size) {
+      case 1: return permute_serially<uint8_t>(from, to, sub, s);
+      case 2: return permute_serially<uint16_t>(from, to, sub, s);
+      case 4: return permute_serially<uint32_t>(from, to, sub, s);
+      default: fail("permuting a tensor: unsupported element size ", size);
+    }
+  };
+  if (row_length == od[1] * od[2]) {  // a row is one index of the first output dimension
+    return serial(in.data + first_row * s[0] * size, dst, {rows, od[1], od[2]});
+  }
+  check(row_length == od[2], "permute3_rows: a row of ", row_length, " elements is neither the last output "
+        "dimension (", od[2], ") nor the last two");
+  for (int64_t r = first_row; r < first_row + rows;) {  // a row is an (a, b) pair: runs of b within one a
+    const int64_t a = r / od[1], b = r % od[1], n = std::min(od[1] - b, first_row + rows - r);
+    serial(in.data + (a * s[0] + b * s[1]) * size, dst + (r - first_row) * row_length * size, {1, n, od[2]});
+    r += n;
+  }
 }
 
 HostTensor permute3(const HostTensor& in, std::array<int64_t, 3> dims, std::array<int, 3> perm,
                            const Shape& out_shape) {
   HostTensor out = HostTensor::allocate(in.dtype, out_shape);
-  const std::array<int64_t, 3> in_strides = {dims[1] * dims[2], dims[2], 1};
-  const std::array<int64_t, 3> od = {dims[perm[0]], dims[perm[1]], dims[perm[2]]};
-  const std::array<int64_t, 3> strides = {in_strides[perm[0]], in_strides[perm[1]], in_strides[perm[2]]};
+  const auto [od, strides] = permutation(dims, perm);
   std::byte* dst = out.mutable_as<std::byte>();
   switch (dtype_size(in.dtype)) {  // elements moved as unsigned integers of their size
     case 1: permute_elements<uint8_t>(in.data, reinterpret_cast<uint8_t*>(dst), od, strides); break;

@@ -61,5 +61,10 @@ std::vector<float> to_f32(const HostTensor& t);
 // A new tensor of shape `out_shape` holding `in` (viewed as `dims`) with its dimensions reordered:
 // out[j0][j1][j2] = in[i0][i1][i2] where out dimension k is in dimension perm[k].
 HostTensor permute3(const HostTensor& in, std::array<int64_t, 3> dims, std::array<int, 3> perm, const Shape& out_shape);
+// Rows [first_row, first_row + rows) of that permutation viewed as rows of `row_length` elements
+// (the last output dimension, or the last two), written to `dst` in `in`'s dtype, on the calling
+// thread only — for a caller that processes a matrix band by band in parallel.
+void permute3_rows(const HostTensor& in, std::array<int64_t, 3> dims, std::array<int, 3> perm, int64_t row_length,
+                   int64_t first_row, int64_t rows, std::byte* dst);
 
 }  // namespace meshtune

@@ -122,31 +122,63 @@ std::vector<float> matrix_row_abs_max(const WeightMatrix& W) {
   return maxima;
 }
 
-WeightMatrix quantize_matrix_int8(const WeightMatrix& W, const float* row_max) {
-  check_int8_columns(W.cols, "quantize_matrix_int8");
+// Quantizes a [rows, cols] matrix whose rows `band_of_rows(r0, n, band)` produces as floats, `n`
+// rows at a time (called in parallel, one band per call): codes and scales per row, the scale from
+// row_max[r] when given, else from the row's own maximum.
+template <class BandOfRows>
+static WeightMatrix quantize_rows_int8(int64_t rows, int64_t cols, const float* row_max, BandOfRows band_of_rows) {
+  check_int8_columns(cols, "quantize_matrix_int8");
+  constexpr int64_t kBand = 16;  // rows per band (the permutation's tile): 16 rows of a 7B matrix are 0.2–1.5 MiB of floats
   auto storage = std::make_shared<Int8Storage>();
-  storage->codes = HostTensor::allocate(DType::I8, {W.rows, W.cols});
+  storage->codes = HostTensor::allocate(DType::I8, {rows, cols});
   int8_t* codes = storage->codes.mutable_as<int8_t>();
-  storage->scales.resize(size_t(W.rows));
+  storage->scales.resize(size_t(rows));
 #pragma omp parallel
   {
-    std::vector<float> row(static_cast<size_t>(W.cols));
+    std::vector<float> band(static_cast<size_t>(kBand * cols));
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < W.rows; ++r) {
-      W.row_to_f32(r, row.data());
-      const float scale = int8_scale(row_max ? row_max[r] : abs_max(row.data(), W.cols));
-      quantize_int8_scaled(row.data(), W.cols, scale, codes + r * W.cols);
-      storage->scales[size_t(r)] = scale;
+    for (int64_t r0 = 0; r0 < rows; r0 += kBand) {
+      const int64_t n = std::min(kBand, rows - r0);
+      band_of_rows(r0, n, band.data());
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        const float* row = band.data() + (r - r0) * cols;
+        const float scale = int8_scale(row_max ? row_max[r] : abs_max(row, cols));
+        quantize_int8_scaled(row, cols, scale, codes + r * cols);
+        storage->scales[size_t(r)] = scale;
+      }
     }
   }
   WeightMatrix q;
-  q.rows = W.rows;
-  q.cols = W.cols;
+  q.rows = rows;
+  q.cols = cols;
   q.dtype = DType::I8;
   q.data = storage->codes.data;
   q.scales = storage->scales.data();
   q.owner = storage;
   return q;
+}
+
+WeightMatrix quantize_matrix_int8(const WeightMatrix& W, const float* row_max) {
+  return quantize_rows_int8(W.rows, W.cols, row_max, [&W](int64_t r0, int64_t n, float* band) {
+    for (int64_t r = 0; r < n; ++r) W.row_to_f32(r0 + r, band + r * W.cols);
+  });
+}
+
+WeightMatrix quantize_permuted_int8(const HostTensor& in, std::array<int64_t, 3> dims, std::array<int, 3> perm,
+                                    int64_t rows, int64_t cols) {
+  check(in.dtype == DType::F32 || in.dtype == DType::BF16, "quantize_permuted_int8: a ", dtype_name(in.dtype),
+        " tensor (F32 or BF16 expected)");
+  return quantize_rows_int8(rows, cols, nullptr, [&](int64_t r0, int64_t n, float* band) {
+    thread_local std::vector<std::byte> permuted;
+    permuted.resize(size_t(n * cols) * dtype_size(in.dtype));
+    permute3_rows(in, dims, perm, cols, r0, n, permuted.data());
+    WeightMatrix view;  // the band's rows, in the file's dtype
+    view.rows = n;
+    view.cols = cols;
+    view.dtype = in.dtype;
+    view.data = permuted.data();
+    for (int64_t r = 0; r < n; ++r) view.row_to_f32(r, band + r * cols);
+  });
 }
 
 }  // namespace meshtune

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 
 #include "core/error.h"
 
@@ -92,18 +93,36 @@ Shape keras_int8_scale_shape(const VariableSpec& spec) {
 // dst[a][b][c] (row-major, shape `od`) = src[a·s0 + b·s1 + c·s2], in tiles of kTile³ elements so
 // that reads and writes both stay within a few cache lines whatever the permutation (walking the
 // output in order reads the source a cache line per element: minutes for a 7B model's matrices).
-HostTensor keras_to_ours(const HostTensor& k, VarKind kind) {
+// A Keras kernel of `kind` as a 3-D view, the permutation to ours, and our [rows, cols] shape; none
+// for the kinds whose layouts agree (embedding, norm scales).
+struct KerasToOurs {
+  std::array<int64_t, 3> dims;
+  std::array<int, 3> perm;
+  int64_t rows, cols;
+};
+static std::optional<KerasToOurs> keras_to_ours_permutation(const Shape& k, VarKind kind) {
   switch (kind) {
     case VarKind::Embedding:
-    case VarKind::Norm: return k;
+    case VarKind::Norm: return std::nullopt;
     case VarKind::HeadsIn:  // (n, d, h) -> (n, h, d) = (n·H, D)
-      return permute3(k, {k.shape[0], k.shape[1], k.shape[2]}, {0, 2, 1}, {k.shape[0] * k.shape[2], k.shape[1]});
+      return KerasToOurs{{k[0], k[1], k[2]}, {0, 2, 1}, k[0] * k[2], k[1]};
     case VarKind::HeadsOut:  // (n, h, d) -> (d, n, h) = (D, N·H)
-      return permute3(k, {k.shape[0], k.shape[1], k.shape[2]}, {2, 0, 1}, {k.shape[2], k.shape[0] * k.shape[1]});
+      return KerasToOurs{{k[0], k[1], k[2]}, {2, 0, 1}, k[2], k[0] * k[1]};
     case VarKind::Dense:  // (in, out) -> (out, in)
-      return permute3(k, {1, k.shape[0], k.shape[1]}, {0, 2, 1}, {k.shape[1], k.shape[0]});
+      return KerasToOurs{{1, k[0], k[1]}, {0, 2, 1}, k[1], k[0]};
   }
-  return k;
+  return std::nullopt;
+}
+
+HostTensor keras_to_ours(const HostTensor& k, VarKind kind) {
+  const std::optional<KerasToOurs> p = keras_to_ours_permutation(k.shape, kind);
+  return p ? permute3(k, p->dims, p->perm, {p->rows, p->cols}) : k;
+}
+
+std::optional<WeightMatrix> keras_kernel_to_int8(const HostTensor& k, VarKind kind) {
+  const std::optional<KerasToOurs> p = keras_to_ours_permutation(k.shape, kind);
+  if (!p || (k.dtype != DType::F32 && k.dtype != DType::BF16)) return std::nullopt;
+  return quantize_permuted_int8(k, p->dims, p->perm, p->rows, p->cols);
 }
 
 HostTensor ours_to_keras(const HostTensor& t, VarKind kind, const Shape& ks) {

@@ -2,10 +2,12 @@
 // the Keras variable path, the dataset path inside `model.weights.h5`, and the Hugging Face
 // tensor name (spec §2, §3.3, §4). Loading, saving and `info` all walk this one table.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/weight_matrix.h"
 #include "model/config.h"
 
 namespace meshtune {
@@ -56,5 +58,8 @@ Shape keras_int8_scale_shape(const VariableSpec& spec);
 // direction. Returns a new owning tensor of the same dtype.
 HostTensor keras_to_ours(const HostTensor& keras, VarKind kind);
 HostTensor ours_to_keras(const HostTensor& ours, VarKind kind, const Shape& keras_shape);
+// A Keras F32/BF16 kernel of a permuted kind in our layout, quantized to int8 (quantize_matrix_int8
+// of keras_to_ours, bit for bit) without the permuted copy; none for other dtypes and kinds.
+std::optional<WeightMatrix> keras_kernel_to_int8(const HostTensor& keras, VarKind kind);
 
 }  // namespace meshtune

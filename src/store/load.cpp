@@ -258,8 +258,12 @@ GemmaModel load_model(const ModelDir& dir, const LoadOptions& options) {
     }
     check(is_float_dtype(t.dtype), weights_file, ": tensor ", name, " has dtype ", dtype_name(t.dtype),
           ", expected a floating-point type", t.dtype == DType::I8 ? " (int8 needs a dtype policy map in config.json)" : "");
-    if (keras) t = keras_to_ours(t, spec.kind);
-    if (!w) {
+    std::optional<WeightMatrix> quantized;  // a whole Keras kernel: permuted band by band into the quantizer
+    if (w && keras && options.quantize_int8 && !block) quantized = keras_kernel_to_int8(t, spec.kind);
+    if (keras && !quantized) t = keras_to_ours(t, spec.kind);
+    if (quantized) {
+      *w = std::move(*quantized);
+    } else if (!w) {
       *model.vector(spec.slot, spec.layer) = to_f32(t);
     } else if (options.quantize_int8 || options.bf16_matrices) {
       // Converted as it loads; a block of a memory-mapped tensor is cut out first (a Keras block
