@@ -163,24 +163,25 @@ static Permutation permutation(std::array<int64_t, 3> dims, std::array<int, 3> p
 
 void permute3_rows(const HostTensor& in, std::array<int64_t, 3> dims, std::array<int, 3> perm, int64_t row_length,
                    int64_t first_row, int64_t rows, std::byte* dst) {
-  const auto [od, s] = permutation(dims, perm);
+  const Permutation p = permutation(dims, perm);
+  const std::array<int64_t, 3>& od = p.od;
   const int64_t size = int64_t(dtype_size(in.dtype));
   auto serial = [&](const std::byte* from, std::byte* to, std::array<int64_t, 3> sub) {
     switch (size) {
-      case 1: return permute_serially<uint8_t>(from, to, sub, s);
-      case 2: return permute_serially<uint16_t>(from, to, sub, s);
-      case 4: return permute_serially<uint32_t>(from, to, sub, s);
+      case 1: return permute_serially<uint8_t>(from, to, sub, p.strides);
+      case 2: return permute_serially<uint16_t>(from, to, sub, p.strides);
+      case 4: return permute_serially<uint32_t>(from, to, sub, p.strides);
       default: fail("permuting a tensor: unsupported element size ", size);
     }
   };
   if (row_length == od[1] * od[2]) {  // a row is one index of the first output dimension
-    return serial(in.data + first_row * s[0] * size, dst, {rows, od[1], od[2]});
+    return serial(in.data + first_row * p.strides[0] * size, dst, {rows, od[1], od[2]});
   }
   check(row_length == od[2], "permute3_rows: a row of ", row_length, " elements is neither the last output "
         "dimension (", od[2], ") nor the last two");
   for (int64_t r = first_row; r < first_row + rows;) {  // a row is an (a, b) pair: runs of b within one a
     const int64_t a = r / od[1], b = r % od[1], n = std::min(od[1] - b, first_row + rows - r);
-    serial(in.data + (a * s[0] + b * s[1]) * size, dst + (r - first_row) * row_length * size, {1, n, od[2]});
+    serial(in.data + (a * p.strides[0] + b * p.strides[1]) * size, dst + (r - first_row) * row_length * size, {1, n, od[2]});
     r += n;
   }
 }
