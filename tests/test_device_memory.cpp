@@ -21,6 +21,7 @@
 
 using namespace meshtune;
 using meshtune::testing::fixture;
+using meshtune::testing::npy_floats;
 
 namespace {
 
@@ -242,6 +243,44 @@ TEST(DeviceMemory, GenerationOnDeviceMemoryEqualsTheHost) {
   EXPECT_TRUE(want.padding_mask[1][7]) << "nothing was generated";  // (a generated id may be 0)
 }
 
+// Keras' int8 layers (the int8 fixture, teacher-forced): each int8 layer of block 0 and the tied
+// head, fed Keras' recorded input in `backend`'s memory, give Keras' outputs bit for bit — as the
+// CPU's kernels do (test_int8's Int8Keras.EveryLayerOfBlock0AndTheHeadBitIdentical).
+void expect_int8_layers_equal_keras(Backend& backend) {
+  const GemmaModel model = load_model(inspect_model_dir(fixture("keras2/preset-gemma-tiny-int8")));
+  const std::string out = fixture("keras2/int8-gemma-tiny/");
+  const DecoderLayerWeights& l = model.layers[0];
+  const std::vector<std::pair<std::string, const WeightMatrix*>> layers = {
+      {"b0_query", &l.query},           {"b0_key", &l.key},
+      {"b0_value", &l.value},           {"b0_attention_output", &l.attention_output},
+      {"b0_ffw_gating", &l.ffw_gating}, {"b0_ffw_gating_2", &l.ffw_gating_2},
+      {"b0_ffw_linear", &l.ffw_linear}, {"token_embedding_reverse", &model.embeddings}};
+  for (const auto& [name, host_w] : layers) {
+    SCOPED_TRACE(name);
+    ASSERT_EQ(host_w->dtype, DType::I8);
+    const std::string trace = out + "trace_" + name;
+    const std::vector<float> x = npy_floats(trace + "_input.npy");
+    const std::vector<float> want = npy_floats(name == "token_embedding_reverse" ? out + "logits.npy" : trace + "_output.npy");
+    const WeightMatrix w = backend.upload(*host_w);
+    const int64_t M = int64_t(x.size()) / w.cols;
+    FloatBuffer xs, ys;
+    backend.resize(xs, x.size());
+    backend.upload(x, xs);
+    backend.resize(ys, size_t(M * w.rows));
+    backend.linear(xs, M, w, ys, MatmulPrecision::F32);
+    const std::vector<float> y = download(backend, ys);
+    ASSERT_EQ(y.size(), want.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < y.size(); ++i) differ += std::memcmp(&y[i], &want[i], 4) != 0;
+    EXPECT_EQ(differ, 0u) << "of " << y.size() << " outputs";
+  }
+}
+
+TEST(DeviceMemory, Int8LayersOnDeviceMemoryEqualKerasBitForBit) {
+  ReferenceBackend device(Device::Cuda);
+  expect_int8_layers_equal_keras(device);
+}
+
 // ---- on a real GPU ----
 // The same file built as gpu_test_device_memory (MESHTUNE_GPU_TESTS; ctest label `gpu`): the runs
 // above on the CUDA backend against the CPU backend, within tolerances (the GPU sums in another
@@ -262,6 +301,21 @@ using meshtune::testing::max_relative_error;
 
 TEST(Cuda, ForwardLogitsMatchTheCpu) {
   const GemmaModel host = gemma2_tiny();
+  const SmallBatch batch(host.config.vocab_size);
+  CpuBackend cpu;
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  EXPECT_LE(max_relative_error(logits_on(*gpu, host, batch), logits_on(cpu, host, batch)), 1e-4);
+}
+
+TEST(Cuda, Int8LayersEqualKerasBitForBit) {
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  expect_int8_layers_equal_keras(*gpu);
+}
+
+TEST(Cuda, Int8ForwardLogitsMatchTheCpu) {
+  GemmaModel host = gemma2_tiny();
+  for (const VariableSpec& spec : gemma_variables(host.config))
+    if (WeightMatrix* w = host.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
   const SmallBatch batch(host.config.vocab_size);
   CpuBackend cpu;
   const std::unique_ptr<Backend> gpu = make_cuda_backend(0);

@@ -69,8 +69,6 @@ GemmaCausalLM GemmaCausalLM::from_preset(const std::string& preset, const Preset
   GemmaCausalLM lm;
   lm.options_ = options;
   if (options.backend == "cuda") {
-    check(options.quantize.empty(), "--quantize int8 with --device cuda: the CUDA backend does not compute with int8 "
-          "weights yet (use --device cpu, or bf16 weights on the GPU)");
     lm.backend_ = make_cuda_backend();
   } else if (options.backend == "reference") {
     lm.backend_ = std::make_unique<ReferenceBackend>();

@@ -65,9 +65,6 @@ WeightMatrix to_bf16_matrix(const WeightMatrix& W) {
   return b;
 }
 
-// Keras: 127 / (max|v| + 1e-7), float32 add then float32 divide.
-float int8_scale(float abs_max) { return 127.0f / (abs_max + 1e-7f); }
-
 float abs_max(const float* values, int64_t n) {
   float m = 0.f;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(values[i]));
@@ -75,16 +72,9 @@ float abs_max(const float* values, int64_t n) {
 }
 
 void quantize_int8_scaled(const float* values, int64_t n, float s, int8_t* codes) {
-  // Keras: clip(round(v·s), -127, 127), rounding half to even as np.round does. Clipping first gives
-  // the same codes (what rounds beyond ±127 clips to ±127 either way), and for |x| ≤ 127 adding and
-  // then subtracting 1.5·2²³ rounds x to an integer, ties to even, in the default rounding mode — as
-  // nearbyint does, without a libm call per value (a 7B model's 8.5 billion at load; GCC keeps
-  // this loop scalar, with branches for the clipped values, and it is still 1.85× faster overall).
-  constexpr float kRoundToInteger = 12582912.f;  // 1.5 · 2^23
-  for (int64_t i = 0; i < n; ++i) {
-    const float clipped = std::min(std::max(values[i] * s, -127.f), 127.f);
-    codes[i] = int8_t((clipped + kRoundToInteger) - kRoundToInteger);
-  }
+  // core/scalar_math.h's int8_code, shared with the GPU's kernels (GCC keeps this loop scalar, with
+  // branches for the clipped values).
+  for (int64_t i = 0; i < n; ++i) codes[i] = int8_code(values[i], s);
 }
 
 float quantize_int8(const float* values, int64_t n, int8_t* codes) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/scalar_math.h"
 #include "core/tensor.h"
 
 namespace meshtune {
@@ -82,8 +83,7 @@ WeightMatrix to_bf16_matrix(const WeightMatrix& W);
 // layout); activations per token at every call (the backends' int8 linear); y = int32(x_codes ·
 // W_codesᵀ) / (s_x · s_W), one float division. Every step is bit-identical to Keras' numpy arithmetic.
 
-// Keras' scale for a row whose largest magnitude is `abs_max`: 127 / (abs_max + 1e-7), in float32.
-float int8_scale(float abs_max);
+// int8_scale(abs_max) and int8_code(v, s): core/scalar_math.h (the GPU's kernels use them too).
 float abs_max(const float* values, int64_t n);  // max |values[i]|, 0 for none
 // codes[0:n] of values[0:n]; returns their scale s (value ≈ code / s).
 float quantize_int8(const float* values, int64_t n, int8_t* codes);

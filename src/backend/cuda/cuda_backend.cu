@@ -140,6 +140,12 @@ struct MatmulOperands {
 
 }  // namespace
 
+// W's values (code / scale, Keras' dequantization) as fp32: the input gradient goes through them.
+__global__ void dequantize_kernel(const int8_t* codes, const float* scales, int64_t n, int64_t cols, float* out) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+    out[e] = float(codes[e]) / scales[e / cols];
+}
+
 // Under BF16 precision: the activations (x, or dy in backward) narrowed into scratch slot 0 and the
 // weights as bf16 (narrowed into slot 1 when stored fp32); under F32: the weights as fp32 (widened
 // into slot 1 when stored bf16).
@@ -147,6 +153,14 @@ static MatmulOperands matmul_operands(CudaState& s, const float* activations, in
                                       MatmulPrecision precision) {
   const int64_t size = W.rows * W.cols;
   MatmulOperands out;
+  if (W.dtype == DType::I8) {  // through the dequantized values, in fp32 (as the reference)
+    auto* w = static_cast<float*>(s.scratch_for(1, size_t(size) * 4));
+    dequantize_kernel<<<blocks_for(size), kThreads, 0, s.stream>>>(W.i8(), W.scales, size, W.cols, w);
+    check_launch("dequantize_int8");
+    out.activations = activations;
+    out.weights = w;
+    return out;
+  }
   if (precision == MatmulPrecision::BF16) {
     auto* a = static_cast<uint16_t*>(s.scratch_for(0, size_t(count) * 2));
     narrow(s, activations, count, a);
@@ -172,13 +186,53 @@ static MatmulOperands matmul_operands(CudaState& s, const float* activations, in
   return out;
 }
 
-static void check_not_int8(const WeightMatrix& W, const char* op) {
-  check(W.dtype != DType::I8, op, ": the CUDA backend does not compute with int8 weights yet (--quantize int8)");
+// ---- int8 weights: Keras' arithmetic, as the CPU's (backend/cpu/int8.cpp) ----
+// Each activation row quantized at its own scale (int8_scale of its max|x|, or of the given maxima
+// of a row split over processes), exact int32 sums of code products, one division by both scales.
+
+__global__ void quantize_rows_kernel(const float* x, int64_t n, int64_t cols, const float* row_max, int8_t* codes) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+    codes[e] = int8_code(x[e], int8_scale(row_max[e / cols]));
+}
+
+// y[m, r] = int32(Σ_c xq[m, c]·wq[r, c]) / (s_x[m]·s_W[r]); |sum| < 2³¹ (check_int8_columns). Four
+// codes at a time (__dp4a) when the rows are whole 4-byte words.
+__global__ void int8_linear_kernel(const int8_t* xq, const float* row_max, const int8_t* w, const float* w_scales,
+                                   int64_t M, int64_t rows, int64_t cols, float* y) {
+  const int64_t n = M * rows;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t m = e / rows, r = e % rows;
+    const int8_t* a = xq + m * cols;
+    const int8_t* b = w + r * cols;
+    int32_t acc = 0;
+    if (cols % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0) {
+      const int* a4 = reinterpret_cast<const int*>(a);
+      const int* b4 = reinterpret_cast<const int*>(b);
+      for (int64_t c = 0; c < cols / 4; ++c) acc = __dp4a(a4[c], b4[c], acc);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) acc += int32_t(a[c]) * int32_t(b[c]);
+    }
+    y[e] = float(acc) / (int8_scale(row_max[m]) * w_scales[r]);
+  }
 }
 
 void CudaBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
                               const float* x_row_max) {
-  check_not_int8(W, "linear");
+  if (W.dtype == DType::I8) {
+    if (M == 0) return;
+    auto* codes = static_cast<int8_t*>(state_->scratch_for(0, size_t(M * W.cols) + 4));  // 256-byte aligned
+    const float* maxima = x_row_max;
+    if (!maxima) {
+      auto* own = static_cast<float*>(state_->scratch_for(2, size_t(M) * sizeof(float)));
+      row_abs_max_impl(x, M, W.cols, own);
+      maxima = own;
+    }
+    quantize_rows_kernel<<<blocks_for(M * W.cols), kThreads, 0, state_->stream>>>(x, M * W.cols, W.cols, maxima, codes);
+    int8_linear_kernel<<<blocks_for(M * W.rows), kThreads, 0, state_->stream>>>(codes, maxima, W.i8(), W.scales, M,
+                                                                                 W.rows, W.cols, y);
+    check_launch("linear (int8)");
+    return;
+  }
   const MatmulOperands op = matmul_operands(*state_, x, M * W.cols, W, precision);
   gemm(*state_, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, M, W.cols, op.weights, W.cols, op.activations, W.cols, op.type, 0.f,
        y, W.rows, "linear");
@@ -186,7 +240,6 @@ void CudaBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, 
 
 void CudaBackend::linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,
                                              bool accumulate, MatmulPrecision precision) {
-  check_not_int8(W, "linear_backward_input");
   // dx[M, cols] = dy[M, rows]·W: dxᵀ (cols × M) = (W as column-major [cols, rows]) · dyᵀ.
   const MatmulOperands op = matmul_operands(*state_, dy, M * W.rows, W, precision);
   gemm(*state_, CUBLAS_OP_N, CUBLAS_OP_N, W.cols, M, W.rows, op.weights, W.cols, op.activations, W.rows, op.type,
