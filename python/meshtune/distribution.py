@@ -19,9 +19,10 @@ def list_devices(device_type=None):
         raise ValueError(f"list_devices: unknown device_type {device_type!r} (cpu, gpu or tpu)")
     if kind == "tpu":
         return []
-    if kind in ("gpu", "cuda") or (kind is None and engine.gpu_count() > 0):
-        return [f"gpu:{i}" for i in range(engine.world_size())] if engine.gpu_count() > 0 else []
-    return [f"cpu:{i}" for i in range(engine.world_size())]
+    has_gpu = kind != "cpu" and engine.gpu_count() > 0
+    if kind in ("gpu", "cuda") and not has_gpu:
+        return []
+    return [f"{'gpu' if has_gpu else 'cpu'}:{i}" for i in range(engine.world_size())]
 
 
 def _backend():

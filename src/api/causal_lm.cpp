@@ -280,17 +280,21 @@ GemmaModel GemmaCausalLM::inference_model() const {
   return on_backend(m);
 }
 
+// Every matrix' storage (the embedding is one of them): what identifies a host model's weights.
+static std::vector<const void*> matrix_storage(const GemmaModel& m) {
+  std::vector<const void*> storage;
+  for (const auto& spec : gemma_variables(m.config))
+    if (const WeightMatrix* w = m.matrix(spec.slot, spec.layer)) storage.push_back(w->data);
+  return storage;
+}
+
 GemmaModel GemmaCausalLM::on_backend(const GemmaModel& host) const {
   if (backend_->device() == Device::Host) return host;
-  std::vector<const void*> from;  // every matrix' storage (the embedding is one of them)
-  for (const auto& spec : gemma_variables(host.config))
-    if (const WeightMatrix* w = host.matrix(spec.slot, spec.layer)) from.push_back(w->data);
-  if (!uploaded_ || from != uploaded_from_) {
+  if (!uploaded_ || matrix_storage(host) != matrix_storage(uploaded_source_)) {
     uploaded_.reset();  // the old copy's device memory first
     uploaded_ = upload_model(host, *backend_);
-    uploaded_from_ = std::move(from);
-    // Kept alive so that its addresses are not reused by a later model (a merge with other
-    // adapter values) that would then look like this one.
+    // Kept (sharing its storage) so that its addresses cannot be reused by a later model — a merge
+    // with other adapter values — that would then look like this one.
     uploaded_source_ = host;
   }
   return *uploaded_;
@@ -514,7 +518,6 @@ History GemmaCausalLM::fit(const Dataset& data, const FitRunOptions& run, const 
       trainer_ = std::make_unique<Trainer>(*backend_, precision_, mesh_ ? model_ : on_backend(model_), lora_, fit,
                                            distribution_);
       uploaded_.reset();
-      uploaded_from_.clear();
       uploaded_source_ = GemmaModel{};
     } else {
       trainer_ = std::make_unique<Trainer>(*backend_, precision_, std::move(model_), lora_, fit, distribution_);

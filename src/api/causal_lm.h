@@ -227,10 +227,9 @@ class GemmaCausalLM {
   // generate needed the compute model), then the trainer's.
   GemmaModel model_;
   mutable std::unique_ptr<ShardedModel> sharded_;  // made on first use by inference_model (a cache)
-  // A device backend's copy of the model inference last used, and the host matrices it was made
-  // from (uploaded again when they change: another adapter merged, weights replaced).
+  // A device backend's copy of the model inference last used, and the host model it was made from
+  // (uploaded again when its matrices change: another adapter merged, weights replaced).
   mutable std::optional<GemmaModel> uploaded_;
-  mutable std::vector<const void*> uploaded_from_;
   mutable GemmaModel uploaded_source_;
   GemmaModel on_backend(const GemmaModel& host) const;
   std::unique_ptr<LoraWeights> attached_;  // an adapter loaded with the preset kept as low-rank terms (int8 base)

@@ -139,7 +139,7 @@ static void permute_tile(const std::byte* src, Element* dst, std::array<int64_t,
 // model's matrices). In parallel over tiles, or serially (a caller's thread permuting its part).
 template <typename Element>
 static void permute_elements(const std::byte* src, Element* dst, std::array<int64_t, 3> od, std::array<int64_t, 3> s,
-                             bool parallel = true) {
+                             bool parallel) {
   // In parallel over tiles of the output: a 7B preset's permutations were a fifth of its load time.
 #pragma omp parallel for collapse(2) schedule(static) if (parallel)
   for (int64_t a0 = 0; a0 < od[0]; a0 += kPermuteTile)
@@ -147,9 +147,16 @@ static void permute_elements(const std::byte* src, Element* dst, std::array<int6
       for (int64_t c0 = 0; c0 < od[2]; c0 += kPermuteTile) permute_tile(src, dst, od, s, a0, b0, c0);
 }
 
-template <typename Element>
-static void permute_serially(const std::byte* src, std::byte* dst, std::array<int64_t, 3> od, std::array<int64_t, 3> s) {
-  permute_elements<Element>(src, reinterpret_cast<Element*>(dst), od, s, /*parallel=*/false);
+// permute_elements for elements of `element_size` bytes, moved as unsigned integers of that size.
+static void permute_bytes(size_t element_size, const std::byte* src, std::byte* dst, std::array<int64_t, 3> od,
+                          std::array<int64_t, 3> s, bool parallel) {
+  switch (element_size) {
+    case 1: return permute_elements(src, reinterpret_cast<uint8_t*>(dst), od, s, parallel);
+    case 2: return permute_elements(src, reinterpret_cast<uint16_t*>(dst), od, s, parallel);
+    case 4: return permute_elements(src, reinterpret_cast<uint32_t*>(dst), od, s, parallel);
+    case 8: return permute_elements(src, reinterpret_cast<uint64_t*>(dst), od, s, parallel);
+    default: fail("permuting a tensor: unsupported element size ", element_size);
+  }
 }
 
 // The permutation's output dimensions and the input strides each walks.
@@ -167,12 +174,7 @@ void permute3_rows(const HostTensor& in, std::array<int64_t, 3> dims, std::array
   const std::array<int64_t, 3>& od = p.od;
   const int64_t size = int64_t(dtype_size(in.dtype));
   auto serial = [&](const std::byte* from, std::byte* to, std::array<int64_t, 3> sub) {
-    switch (size) {
-      case 1: return permute_serially<uint8_t>(from, to, sub, p.strides);
-      case 2: return permute_serially<uint16_t>(from, to, sub, p.strides);
-      case 4: return permute_serially<uint32_t>(from, to, sub, p.strides);
-      default: fail("permuting a tensor: unsupported element size ", size);
-    }
+    permute_bytes(size_t(size), from, to, sub, p.strides, /*parallel=*/false);
   };
   if (row_length == od[1] * od[2]) {  // a row is one index of the first output dimension
     return serial(in.data + first_row * p.strides[0] * size, dst, {rows, od[1], od[2]});
@@ -190,14 +192,7 @@ HostTensor permute3(const HostTensor& in, std::array<int64_t, 3> dims, std::arra
                            const Shape& out_shape) {
   HostTensor out = HostTensor::allocate(in.dtype, out_shape);
   const auto [od, strides] = permutation(dims, perm);
-  std::byte* dst = out.mutable_as<std::byte>();
-  switch (dtype_size(in.dtype)) {  // elements moved as unsigned integers of their size
-    case 1: permute_elements<uint8_t>(in.data, reinterpret_cast<uint8_t*>(dst), od, strides); break;
-    case 2: permute_elements<uint16_t>(in.data, reinterpret_cast<uint16_t*>(dst), od, strides); break;
-    case 4: permute_elements<uint32_t>(in.data, reinterpret_cast<uint32_t*>(dst), od, strides); break;
-    case 8: permute_elements<uint64_t>(in.data, reinterpret_cast<uint64_t*>(dst), od, strides); break;
-    default: fail("permuting a tensor: unsupported element size ", dtype_size(in.dtype));
-  }
+  permute_bytes(dtype_size(in.dtype), in.data, out.mutable_as<std::byte>(), od, strides, /*parallel=*/true);
   return out;
 }
 
