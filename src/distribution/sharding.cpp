@@ -68,15 +68,19 @@ ShardSpec make_shard_spec(const DimensionMap& dims, const Shape& keras_shape, co
   return s;
 }
 
-std::vector<float> take_block(const float* full, const ShardSpec& s) {
-  std::vector<float> block(static_cast<size_t>(s.local_size()));
+void take_block(const float* full, const ShardSpec& s, float* block) {
   size_t o = 0;
   for (int64_t a = 0; a < s.local[0]; ++a)
     for (int64_t b = 0; b < s.local[1]; ++b) {
       const float* row = full + ((a + s.offset[0]) * s.full[1] + (b + s.offset[1])) * s.full[2] + s.offset[2];
-      std::copy(row, row + s.local[2], block.begin() + long(o));
+      std::copy(row, row + s.local[2], block + o);
       o += size_t(s.local[2]);
     }
+}
+
+std::vector<float> take_block(const float* full, const ShardSpec& s) {
+  std::vector<float> block(static_cast<size_t>(s.local_size()));
+  take_block(full, s, block.data());
   return block;
 }
 

@@ -45,6 +45,7 @@ bool overlaps(const ShardSpec& a, const ShardSpec& b);  // the regions share at 
 ShardSpec relative(const ShardSpec& inner, const ShardSpec& outer);
 
 std::vector<float> take_block(const float* full, const ShardSpec& s);
+void take_block(const float* full, const ShardSpec& s, float* block);  // into local_size() floats at `block`
 // The inverse of take_block: writes the block into its place in `full` (other values untouched).
 void place_block(const float* block, const ShardSpec& s, float* full);
 // `full` receives the whole variable (full_size() floats) on every process.

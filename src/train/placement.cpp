@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "distribution/collectives.h"
 #include "model/variables.h"
+#include "train/host_staging.h"
 #include "train/trainer.h"
 
 namespace meshtune {
@@ -132,13 +133,10 @@ void Trainer::place_variables() {
     trainables_.push_back(std::move(t));
   }
   if (!dist_.mesh) return;
-  // Full fine-tuning's blocks, their gradients' collectives and gathers work on host memory (MPI's).
-  // On a mesh of GPUs LoRA trains: the frozen base is cut into blocks on the host and its compute
-  // model uploaded (training_model), the adapters live on the GPU and their gradients are summed
-  // over NCCL.
+  // Working copies, gradients, blocks and the optimizer's slots are the backend's memory. Cutting
+  // and placing blocks is host work (HostStaging: a GPU's values are staged through host copies
+  // for it); gradients of working copies are summed where they are (NCCL on a mesh of GPUs).
   const bool on_device = backend_->device() != Device::Host;
-  check(!on_device || lora_, "full fine-tuning on a mesh of ", backend_->name(),
-        " is not supported: train LoRA adapters (enable_lora / --lora-rank), or use --device cpu");
   DeviceMesh& mesh = *dist_.mesh;
   plan_ = plan_tensor_parallel(config_, dist_.layout, mesh, dist_.batch_axis, dist_.tensor_parallel);
   if (lora_) {
@@ -155,8 +153,12 @@ void Trainer::place_variables() {
         t.shard = make_shard_spec(right_aligned_dimensions(shape.size()), shape,
                                   dist_.layout.resolve(params_[2 * i + size_t(which)].path, shape, mesh), mesh);
         t.partial = plan_.active();
-        check(!on_device || !t.separate(), "on a mesh of ", backend_->name(), " LoRA matrices are replicated, but the "
-              "layout map splits ", params_[2 * i + size_t(which)].path, " (leave lora_kernel_a/b out of it)");
+        if (t.separate()) {  // a layout map that splits LoRA matrices: the block is cut from the whole
+          HostStaging host(*backend_);
+          backend_->resize(t.block, size_t(t.shard.local_size()));
+          take_block(host.read(t.value).data, relative(t.shard, t.region), host.write(t.block).data);
+          host.flush();
+        }
       }
     }
   } else {
@@ -170,16 +172,20 @@ void Trainer::place_variables() {
                                 dist_.layout.resolve(spec.keras_path, spec.keras_shape, mesh), mesh);
       t.region = plan_.compute_region(spec);
       t.partial = plan_.gradient_is_partial(spec);
-      std::vector<float> working;
+      std::vector<float> working, block;
       if (holds_only_block(model_, spec, t.shard)) {
-        std::vector<float> block = variable_values(model_, spec);
+        block = variable_values(model_, spec);
         working = gather_region(block.data(), t.shard, t.region, mesh);
-        if (t.separate()) t.block = std::move(block);
       } else {
-        if (t.separate()) t.block = read_block(model_, spec, t.shard);
+        if (t.separate()) block = read_block(model_, spec, t.shard);
         working = read_block(model_, spec, t.region);
       }
+      if (t.separate()) {
+        backend_->resize(t.block, block.size());
+        backend_->upload(block, t.block);
+      }
       set_variable(model_, spec, t.region, std::move(working));
+      if (on_device) make_trainable_copy(*backend_, model_, spec);  // the working copy in the device's memory
       SlotRef ref = slot_ref(model_, grads_, spec);
       t.value = ref.value;
       t.grad = gradient_storage(i, ref.size, ref.grad);
@@ -192,7 +198,7 @@ void Trainer::place_variables() {
   for (size_t i = 0; i < params_.size(); ++i) {
     Trainable& t = trainables_[i];
     const ShardSpec& held = t.held();
-    if (t.separate()) t.block_grad.assign(t.block.size(), 0.f);
+    if (t.separate()) backend_->resize_zeroed(t.block_grad, t.block.size());
     params_[i].value = t.separate() ? Floats(t.block) : t.value;
     params_[i].grad = t.separate() ? Floats(t.block_grad) : t.grad;
     params_[i].size = size_t(held.local_size());
@@ -202,8 +208,10 @@ void Trainer::place_variables() {
 
 void Trainer::refresh_working_copy(Trainable& t) {
   if (!t.separate()) return;
-  const std::vector<float> values = gather_region(t.block.data(), t.shard, t.region, *dist_.mesh);
-  std::copy(values.begin(), values.end(), t.value.data);
+  HostStaging host(*backend_);
+  const std::vector<float> values = gather_region(host.read(t.block).data, t.shard, t.region, *dist_.mesh);
+  std::copy(values.begin(), values.end(), host.write(t.value.part(0, t.size)).data);
+  host.flush();
 }
 
 size_t Trainer::held_weight_bytes() const {
@@ -274,13 +282,17 @@ void Trainer::finish_gradients(LossSums& sums) {
   }
   for (size_t i = 0; i < trainables_.size(); ++i) {
     Trainable& t = trainables_[i];
+    if (!t.separate()) continue;  // the optimizer updates the working copy, summed above
+    HostStaging host(*backend_);
+    const float* grad = host.read(t.grad.part(0, t.size)).data;
+    float* block_grad = host.write(t.block_grad).data;
     if (tensor_parallel && !contains(t.region, t.shard)) {
       // The block reaches beyond this process' part (e.g. a replicated K/V kernel of which each
       // process uses its heads): assemble the whole gradient from every process' part.
       std::vector<float> whole(static_cast<size_t>(t.shard.full_size()), 0.f);
-      place_block(t.grad.data, t.region, whole.data());
+      place_block(grad, t.region, whole.data());
       tensor_parallel->all_reduce_sum(whole);
-      t.block_grad = take_block(whole.data(), t.shard);
+      take_block(whole.data(), t.shard, block_grad);
     } else if (scatter_dim[i] >= 0) {
       // Every member's block, in member order, then one reduce-scatter.
       ShardSpec member = relative(t.shard, t.region);
@@ -288,15 +300,13 @@ void Trainer::finish_gradients(LossSums& sums) {
       std::vector<float> blocks(count * size_t(batch->size()));
       for (int m = 0; m < batch->size(); ++m) {
         member.offset[size_t(scatter_dim[i])] = member.local[size_t(scatter_dim[i])] * m;
-        const std::vector<float> b = take_block(t.grad.data, member);
-        std::copy(b.begin(), b.end(), blocks.begin() + long(count * size_t(m)));
+        take_block(grad, member, blocks.data() + count * size_t(m));
       }
-      t.block_grad.resize(count);
-      batch->reduce_scatter_sum(blocks, t.block_grad);
-    } else if (t.separate()) {
-      t.block_grad = take_block(t.grad.data, relative(t.shard, t.region));
+      batch->reduce_scatter_sum(blocks, {block_grad, count});
+    } else {
+      take_block(grad, relative(t.shard, t.region), block_grad);
     }
-    if (t.separate()) params_[i].grad = t.block_grad;  // take_block reallocated it
+    host.flush();
   }
 }
 
@@ -314,26 +324,22 @@ const std::optional<LoraWeights>& Trainer::lora() const {
 
 GemmaModel Trainer::current_model() {
   if (lora_) return merge_lora(frozen_.has_split() ? frozen_.materialize() : model_, *lora());
-  if (backend_->device() != Device::Host) {  // the working copies are device memory: download each
-    check(!dist_.mesh, "full fine-tuning on a mesh of ", backend_->name(), " is not supported");
-    GemmaModel m = model_;
-    const auto specs = gemma_variables(config_);
-    for (size_t i = 0; i < specs.size(); ++i) {
-      std::vector<float> values(params_[i].size);
-      backend_->download(params_[i].value, values);
-      set_variable(m, specs[i], std::move(values));
-    }
-    return m;
-  }
-  if (!plan_.active()) return model_;  // whole working copies
-  GemmaModel m = model_;  // tensor parallel: each variable gathered from its parts
+  if (backend_->device() == Device::Host && !plan_.active()) return model_;  // whole working copies
+  // Each variable in host memory: its whole working copy downloaded, or under tensor parallelism
+  // gathered from every process' part.
+  GemmaModel m = model_;
   m.config = config_;
   m.vocab_offset = 0;
   const auto specs = gemma_variables(config_);
   for (size_t i = 0; i < specs.size(); ++i) {
-    const Trainable& t = trainables_[i];
+    Trainable& t = trainables_[i];
     std::vector<float> whole(t.whole_size);
-    gather_full(t.separate() ? t.block.data() : t.value.data, t.shard, *dist_.mesh, whole.data());
+    if (!plan_.active()) {
+      backend_->download(t.value.part(0, t.size), whole);
+    } else {
+      HostStaging host(*backend_);
+      gather_full(host.read(t.separate() ? Floats(t.block) : t.value).data, t.shard, *dist_.mesh, whole.data());
+    }
     set_variable(m, specs[i], std::move(whole));
   }
   return m;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "store/checkpoint.h"
+#include "train/host_staging.h"
 
 namespace meshtune {
 
@@ -176,21 +177,12 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::vector<TrainingLog
 
 // ---- checkpoints (the format is store/checkpoint.h's) ------------------------------------------
 
-std::vector<CheckpointTensor> Trainer::checkpoint_tensors(std::vector<std::vector<float>>& staging) const {
-  const bool on_host = backend_->device() == Device::Host;
-  staging.clear();
-  staging.reserve(on_host ? 0 : 3 * params_.size());  // the spans below point into it: no reallocation
-  auto host_view = [&](Floats values, size_t n) -> Floats {
-    if (on_host) return values;
-    std::vector<float>& copy = staging.emplace_back(n);
-    backend_->download(values.part(0, n), copy);
-    return copy;
-  };
+std::vector<CheckpointTensor> Trainer::checkpoint_tensors(HostStaging& host) const {
   std::vector<CheckpointTensor> tensors;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i];
-    tensors.push_back({p.path, host_view(p.value, p.size), host_view(optimizer_->momentums[i], p.size),
-                       host_view(optimizer_->velocities[i], p.size), p.size, trainables_[i].held()});
+    tensors.push_back({p.path, host.read(p.value.part(0, p.size)), host.read(optimizer_->momentums[i].span().part(0, p.size)),
+                       host.read(optimizer_->velocities[i].span().part(0, p.size)), p.size, trainables_[i].held()});
   }
   return tensors;
 }
@@ -201,13 +193,13 @@ CheckpointState Trainer::checkpoint_state() const {
 }
 
 void Trainer::save_checkpoint(const std::string& path) const {
-  std::vector<std::vector<float>> staging;
-  write_checkpoint(path, checkpoint_state(), checkpoint_tensors(staging), dist_.mesh);
+  HostStaging host(*backend_);
+  write_checkpoint(path, checkpoint_state(), checkpoint_tensors(host), dist_.mesh);
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
-  std::vector<std::vector<float>> staging;
-  const std::vector<CheckpointTensor> tensors = checkpoint_tensors(staging);
+  HostStaging host(*backend_);
+  const std::vector<CheckpointTensor> tensors = checkpoint_tensors(host);
   const CheckpointState state = read_checkpoint(path, lora_ ? "lora" : "full", tensors, dist_.mesh);
   if (backend_->device() != Device::Host)  // the values read into the host copies go back to the device
     for (size_t i = 0; i < params_.size(); ++i) {

@@ -22,6 +22,8 @@
 
 namespace meshtune {
 
+class HostStaging;
+
 struct FitOptions {
   int epochs = 1;                // 0: as many epochs as max_steps needs (the data is cycled)
   int64_t max_steps = 0;         // stop after this many optimizer steps in total (0 = epochs)
@@ -106,12 +108,12 @@ class Trainer {
   // whole, or this process' tensor-parallel part) and, when its layout stores another part here
   // (`shard`), that block, which the optimizer updates and the working copy is refreshed from.
   struct Trainable {
-    Floats value, grad;     // the working copy and its gradient (backend memory; host under a mesh)
+    Floats value, grad;     // the working copy and its gradient (backend memory)
     size_t size = 0;        // of the working copy
     size_t whole_size = 0;  // of the whole variable
     ShardSpec region, shard;
     bool partial = false;   // the gradient is this process' share: sum it over the tensor-parallel axis
-    std::vector<float> block, block_grad;
+    FloatBuffer block, block_grad;  // backend memory
     bool separate() const { return !same_region(region, shard); }
     const ShardSpec& held() const { return separate() ? shard : region; }  // what the optimizer updates
   };
@@ -136,8 +138,8 @@ class Trainer {
   // summed over the mesh, AdamW applied. fit() and train_step() both take their steps here.
   LossSums optimizer_step(const std::vector<Batch>& micro_batches, double learning_rate);
   // The parameters and AdamW slots as the checkpoint files take them: host memory. A device
-  // backend's are copied into `staging` (downloaded; load_checkpoint uploads them back after reading).
-  std::vector<CheckpointTensor> checkpoint_tensors(std::vector<std::vector<float>>& staging) const;
+  // backend's are staged in `host` (downloaded; load_checkpoint uploads them back after reading).
+  std::vector<CheckpointTensor> checkpoint_tensors(HostStaging& host) const;
   CheckpointState checkpoint_state() const;
 
   Backend* backend_;
