@@ -3,10 +3,13 @@
 // memory bandwidth) measured in the same run. Prints one JSON line on stdout; progress on stderr.
 //
 //   bench_inference [--dtype f32|bf16|int8] [--dtype-policy float32|mixed_bfloat16|bfloat16] [--layers 18] [--threads 2] [--prompt 128] [--decode 16]
-//                   [--dir /tmp/meshtune-bench] [--repeat 3]
+//                   [--dir /tmp/meshtune-bench] [--repeat 3] [--device cpu|cuda]
 //
 // The checkpoint is created once per (dtype, layers) under --dir, in a child process so that
-// building it never counts towards this process's peak RSS. See bench/README.md.
+// building it never counts towards this process's peak RSS. With --device cuda the random weights
+// are made in memory and uploaded (no checkpoint; load_s is that), prefill and decode run on GPU 0,
+// and the decode bound comes from the GPU's own copy bandwidth measured in the same run. See
+// bench/README.md.
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <omp.h>
@@ -28,12 +31,15 @@
 
 #include "backend/cpu/blas_kernels.h"
 #include "backend//cpu_backend.h"
+#include "backend/cuda_devices.h"
 #include "core/error.h"
 #include "machine_limits.h"
 #include "run_stats.h"
 #include "model/gemma.h"
 #include "backend/cpu/isa/features.h"
 #include "model/init.h"
+#include "model/variables.h"
+#include "backend/cpu/int8.h"
 #include "store/load.h"
 #include "store/save.h"
 
@@ -52,6 +58,7 @@ struct Options {
   int decode = 16;
   std::string dir = "/tmp/meshtune-bench";
   int repeat = 3;
+  std::string device = "cpu";
 };
 
 Options parse_args(int argc, char** argv) {
@@ -67,6 +74,8 @@ Options parse_args(int argc, char** argv) {
   app.add_option("--decode", o.decode, "Tokens decoded one at a time")->check(CLI::PositiveNumber);
   app.add_option("--dir", o.dir, "Where the random checkpoint is created (once)");
   app.add_option("--repeat", o.repeat, "Repeats (medians are reported)")->check(CLI::PositiveNumber);
+  app.add_option("--device", o.device, "cpu, or cuda (GPU 0; random weights made in memory)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -142,6 +151,26 @@ size_t layer_matrix_params(const GemmaModel& m) {
   return total;
 }
 
+// The GPU's memory bandwidth as a device-to-device copy moves it (read + write bytes), GB/s, the
+// median of `repeats` copies of 1 GiB.
+double device_copy_gbps(Backend& gpu, int repeats) {
+  const size_t n = (size_t(1) << 30) / sizeof(float);
+  FloatBuffer a, b;
+  gpu.resize_zeroed(a, n);
+  gpu.resize_zeroed(b, n);
+  float sink = 0;
+  gpu.copy(a, int64_t(n), b);  // warm-up
+  gpu.download(b.span().part(0, 1), {&sink, 1});
+  std::vector<double> s;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = Clock::now();
+    gpu.copy(a, int64_t(n), b);
+    gpu.download(b.span().part(0, 1), {&sink, 1});  // waits for the copy
+    s.push_back(seconds_since(t0));
+  }
+  return 2.0 * double(n * sizeof(float)) / median(s) / 1e9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,7 +178,9 @@ int main(int argc, char** argv) {
   meshtune::choose_blas_kernels(argv);  // the family measured fastest on this machine
   const Options o = parse_args(argc, argv);
   try {
-    const std::string path = ensure_checkpoint(o);
+    std::unique_ptr<Backend> gpu;  // first: no GPU is one line at once, not after making the weights
+    if (o.device == "cuda") gpu = make_cuda_backend(0);
+    const std::string path = gpu ? std::string() : ensure_checkpoint(o);
 
     // Same thread count for our OpenMP loops and OpenBLAS (the OpenMP build of OpenBLAS runs on
     // the same libgomp pool, so neither oversubscribes the other).
@@ -159,12 +190,21 @@ int main(int argc, char** argv) {
     const CpuTimes cpu_start = cpu_times();
     // --- load: the API calls (safetensors are memory-mapped, so this is mostly header parsing) ---
     auto t0 = Clock::now();
-    const ModelDir dir = inspect_model_dir(path);
-    LoadOptions load;
-    load.quantize_int8 = o.dtype == "int8";
-    load.bf16_matrices = o.policy != "float32";  // as generate --dtype-policy stores frozen weights
-    GemmaModel model = load_model(dir, load);
-    CpuBackend backend;
+    GemmaModel model;
+    if (gpu) {
+      model = random_model(gemma_2b_config(o.layers), 1234, o.dtype == "f32" && o.policy == "float32" ? DType::F32 : DType::BF16);
+      if (o.dtype == "int8")
+        for (const VariableSpec& spec : gemma_variables(model.config))
+          if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
+      model = upload_model(model, *gpu);
+    } else {
+      LoadOptions load;
+      load.quantize_int8 = o.dtype == "int8";
+      load.bf16_matrices = o.policy != "float32";  // as generate --dtype-policy stores frozen weights
+      model = load_model(inspect_model_dir(path), load);
+    }
+    CpuBackend cpu;
+    Backend& backend = gpu ? *gpu : cpu;
     const Context ctx{backend, o.policy != "float32" ? MatmulPrecision::BF16 : MatmulPrecision::F32};
     const double load_s = seconds_since(t0);
     const GemmaConfig& c = model.config;
@@ -177,6 +217,7 @@ int main(int argc, char** argv) {
     // Read-bandwidth samples taken between the repeats, over 1 GiB of the model's own embedding
     // matrix (64-byte aligned start): memory bandwidth on a shared VM drifts by tens of percent
     // within minutes, so the bound is computed from samples taken at the same time as decode.
+    // (On a GPU the bound is its copy bandwidth, measured after the runs.)
     const size_t table_bytes = size_t(model.embeddings.rows * model.embeddings.cols) * dtype_size(model.embeddings.dtype);
     const size_t sample_bytes = std::min<size_t>(size_t(1) << 30, table_bytes - 64);
     const auto* embedding_bytes = static_cast<const char*>(model.embeddings.data);
@@ -184,6 +225,12 @@ int main(int argc, char** argv) {
     std::vector<double> read_samples;
 
     std::vector<float> logits(static_cast<size_t>(V));
+    FloatBuffer device_logits;  // a GPU's logits, downloaded for the argmax (as generate does)
+    backend.resize(device_logits, size_t(V));
+    auto head = [&](ConstFloats hidden) {
+      lm_head(ctx, model, hidden, 1, gpu ? Floats(device_logits) : Floats(logits));
+      if (gpu) backend.download(device_logits, logits);
+    };
     std::vector<double> prefill_s, decode_step_s;
     double first_prefill_s = 0;
     // Run 0 is a warm-up (it faults the mapped weights into this process) and is reported apart.
@@ -192,7 +239,7 @@ int main(int argc, char** argv) {
       ForwardWorkspace ws;  // reused by every step, as generate reuses its own
       t0 = Clock::now();
       const FloatBuffer& prefilled = backbone_forward(ctx, model, prompt.data(), 1, T, 0, cache, ws);
-      lm_head(ctx, model, prefilled.span().part(size_t((T - 1) * D), size_t(D)), 1, logits);
+      head(prefilled.span().part(size_t((T - 1) * D), size_t(D)));
       const double s = seconds_since(t0);
       if (run == 0) first_prefill_s = s;
       else prefill_s.push_back(s);
@@ -200,12 +247,12 @@ int main(int argc, char** argv) {
       for (int step = 0; step < o.decode; ++step) {
         t0 = Clock::now();
         const FloatBuffer& hidden = backbone_forward(ctx, model, &token, 1, 1, T + step, cache, ws);
-        lm_head(ctx, model, hidden, 1, logits);
+        head(hidden);
         token = argmax(logits);
         if (run > 0) decode_step_s.push_back(seconds_since(t0));
       }
       // After the run (whose LM head has mapped every embedding page), one bandwidth sample.
-      read_samples.push_back(bench::read_gbps_once(sample_start, sample_bytes, o.threads));
+      if (!gpu) read_samples.push_back(bench::read_gbps_once(sample_start, sample_bytes, o.threads));
       std::cerr << "bench_inference: run " << run << (run == 0 ? " (warm-up)" : "") << ": prefill " << s << " s\n";
     }
     const double rss_gib = peak_rss_gib();  // before the machine-limit buffers below
@@ -221,14 +268,15 @@ int main(int argc, char** argv) {
     const double kv_bytes = 2.0 * c.num_layers * (T + o.decode / 2.0) * c.num_key_value_heads * c.head_dim * 4;
     const int64_t params = int64_t(c.num_parameters());
 
-    // --- machine limits, same thread count ---
+    // --- machine limits, same thread count (a GPU's: its copy bandwidth) ---
     std::cerr << "bench_inference: measuring machine limits\n";
     const size_t gib = size_t(1) << 30;
-    const double sgemm = bench::sgemm_gflops(2048, 2048, 2048, false, 5);
-    const double sgemm_prefill_shape = bench::sgemm_gflops(int(T), int(c.ffw_dim), int(D), true, 5);
-    const double copy = bench::copy_gbps(gib, 5);
-    const double read = bench::read_gbps(gib, 5, o.threads);
-    const double read_1t = bench::read_gbps(gib, 5, 1);
+    const double sgemm = gpu ? 0 : bench::sgemm_gflops(2048, 2048, 2048, false, 5);
+    const double sgemm_prefill_shape = gpu ? 0 : bench::sgemm_gflops(int(T), int(c.ffw_dim), int(D), true, 5);
+    const double copy = gpu ? device_copy_gbps(*gpu, 5) : bench::copy_gbps(gib, 5);
+    const double read = gpu ? copy : bench::read_gbps(gib, 5, o.threads);
+    const double read_1t = gpu ? 0 : bench::read_gbps(gib, 5, 1);
+    if (gpu) read_samples.push_back(copy);
 
     const CpuTimes cpu_end = cpu_times();
 
@@ -239,12 +287,13 @@ int main(int argc, char** argv) {
     const double bound_tok_s = read_during * 1e9 / double(weight_bytes);
 
     nlohmann::ordered_json j;
+    j["device"] = backend.name();
     j["dtype"] = o.dtype;
     j["dtype_policy"] = o.policy;
     j["layers"] = c.num_layers;
     j["threads"] = o.threads;
     j["cpu_features"] = meshtune::cpu_features().summary();
-    j["kernel_path"] = meshtune::cpu_path_name(backend.path().isa);
+    j["kernel_path"] = meshtune::cpu_path_name(cpu.path().isa);
     j["blas_core"] = openblas_get_corename();
     j["prompt_tokens"] = T;
     j["decode_tokens"] = o.decode;
@@ -261,6 +310,7 @@ int main(int argc, char** argv) {
     j["decode_tok_s"] = decode_tok_s;
     j["decode_tok_s_mean"] = double(decode_step_s.size()) / [&] { double s = 0; for (double x : decode_step_s) s += x; return s; }();
     j["peak_rss_gib"] = rss_gib;
+    if (gpu) j["gpu_memory_gib"] = double(gpu_memory_in_use()) / double(1 << 30);
     j["weight_bytes_per_token"] = weight_bytes;
     j["kv_bytes_per_token"] = kv_bytes;
     j["decode_effective_gbps"] = double(weight_bytes) * decode_tok_s / 1e9;
@@ -269,7 +319,7 @@ int main(int argc, char** argv) {
     j["bound_tok_s_anon"] = read * 1e9 / double(weight_bytes);  // from read_gbps (the 1 GiB buffer)
     j["sgemm_gflops"] = sgemm;
     j["sgemm_prefill_shape_gflops"] = sgemm_prefill_shape;
-    j["prefill_vs_sgemm"] = prefill_gflops / sgemm;
+    if (!gpu) j["prefill_vs_sgemm"] = prefill_gflops / sgemm;
     j["copy_gbps"] = copy;
     j["read_gbps"] = read;
     j["read_gbps_1thread"] = read_1t;
