@@ -72,9 +72,10 @@ struct CudaState {
   std::unordered_map<void*, size_t> live;               // allocated block → bytes
   std::unordered_multimap<size_t, void*> free_blocks;   // released blocks, reused by exact size
   // Scratch of the ops (bf16 copies of matmul inputs, widened weights, LoRA's intermediate
-  // products, per-row values, partial sums; slots 0–3 cuda_backend.cu's, 4–5 cuda_ops.cu's): grown when too small, never shrunk, reused in stream order.
-  std::vector<void*> scratch = std::vector<void*>(6, nullptr);
-  std::vector<size_t> scratch_bytes = std::vector<size_t>(6, 0);
+  // products, per-row values, partial sums, attention backward's probabilities; slots 0–3
+  // cuda_backend.cu's, 4–6 cuda_ops.cu's): grown when too small, never shrunk, reused in stream order.
+  std::vector<void*> scratch = std::vector<void*>(7, nullptr);
+  std::vector<size_t> scratch_bytes = std::vector<size_t>(7, 0);
 
   void* scratch_for(int slot, size_t bytes) {
     if (scratch_bytes[size_t(slot)] < bytes) {

@@ -5,6 +5,7 @@
 // reduced — with sums in double where the reference sums in double. Scalar arithmetic that must
 // round exactly as on the CPU (bf16, RoPE's frequencies, AdamW) is core/scalar_math.h's and
 // op_types.h's, the same functions the host backends run.
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_backend.h"
@@ -22,6 +23,7 @@ namespace {
 // Scratch slots of this file (cuda_backend.cu uses 0–3).
 constexpr int kRowScratch = 4;   // per-row values: RMSNorm's 1/rms
 constexpr int kSumScratch = 5;   // partial sums and flags brought back to the host
+constexpr int kAttentionScratch = 6;  // attention backward's probabilities and score gradients
 
 // Grid-stride loop over [0, n).
 #define FOR_EACH_INDEX(i, n) \
@@ -189,10 +191,13 @@ __global__ void attention_kernel(const float* q, const float* k, const float* v,
   }
 }
 
-// dp_j = dout·v_j; ds_j = p_j·(dp_j − Σ p·dp)·(1 − (capped/cap)²); dq = Σ ds_j·k_j (this block's
-// own), dk_j += ds_j·q and dv_j += p_j·dout (shared by queries: atomic adds into zeroed dk, dv).
+// Backward in two passes, without atomics. Per query (one block each): dp_j = dout·v_j;
+// ds_j = p_j·(dp_j − Σ p·dp)·(1 − (capped/cap)²); dq = Σ ds_j·k_j; p and ds go to `probs` and
+// `dscores` ([B·T·N, S]). Per key slot (attention_key_gradients_kernel): dk_j = Σ ds·q and
+// dv_j = Σ p·dout over the queries of its head group, summed in double in a fixed order.
 __global__ void attention_backward_kernel(const float* q, const float* k, const float* v, const uint8_t* key_valid,
-                                          AttentionShape s, const float* dout, float* dq, float* dk, float* dv) {
+                                          AttentionShape s, const float* dout, float* dq, float* probs,
+                                          float* dscores) {
   extern __shared__ float shared[];
   const int64_t S = s.capacity, H = s.head_dim;
   float *p = shared, *capped = shared + S, *ds = shared + 2 * S;
@@ -209,11 +214,16 @@ __global__ void attention_backward_kernel(const float* q, const float* k, const 
     p_dot_dp += double(p[j]) * dp;
   }
   p_dot_dp = block_sum(p_dot_dp);
+  float* row_p = probs + int64_t(blockIdx.x) * S;  // blockIdx.x = (b·T + t)·N + n
+  float* row_ds = dscores + int64_t(blockIdx.x) * S;
   for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
-    if (p[j] == 0) continue;
-    double d = double(p[j]) * (double(ds[j]) - p_dot_dp);
-    if (s.soft_cap > 0) d *= 1.0 - (double(capped[j]) / s.soft_cap) * (double(capped[j]) / s.soft_cap);
-    ds[j] = float(d);
+    if (p[j] != 0) {
+      double d = double(p[j]) * (double(ds[j]) - p_dot_dp);
+      if (s.soft_cap > 0) d *= 1.0 - (double(capped[j]) / s.soft_cap) * (double(capped[j]) / s.soft_cap);
+      ds[j] = float(d);
+    }
+    row_p[j] = p[j];
+    row_ds[j] = ds[j];
   }
   __syncthreads();
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
@@ -222,11 +232,25 @@ __global__ void attention_backward_kernel(const float* q, const float* k, const 
       if (p[j] != 0) acc += double(ds[j]) * k[key_index(s, qq, j) + h];
     dq[qq.qi + h] = float(acc);
   }
-  for (int64_t e = threadIdx.x; e < S * H; e += blockDim.x) {
-    const int64_t j = e / H, h = e % H;
-    if (p[j] == 0) continue;
-    atomicAdd(dk + key_index(s, qq, j) + h, ds[j] * q[qq.qi + h]);
-    atomicAdd(dv + key_index(s, qq, j) + h, p[j] * dout[qq.qi + h]);
+}
+
+// One block per key slot (b, j, kv head): threads over the head dimension.
+__global__ void attention_key_gradients_kernel(const float* q, const float* dout, const float* probs,
+                                               const float* dscores, AttentionShape s, float* dk, float* dv) {
+  const int64_t S = s.capacity, H = s.head_dim, T = s.query_len, N = s.heads, group = s.heads / s.kv_heads;
+  const int64_t kv = blockIdx.x % s.kv_heads, j = (blockIdx.x / s.kv_heads) % S, b = blockIdx.x / (s.kv_heads * S);
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    double gk = 0, gv = 0;
+    for (int64_t n = kv * group; n < (kv + 1) * group; ++n)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t row = (b * T + t) * N + n;
+        const float p = probs[row * S + j];
+        if (p == 0) continue;
+        gk += double(dscores[row * S + j]) * q[row * H + h];
+        gv += double(p) * dout[row * H + h];
+      }
+    dk[int64_t(blockIdx.x) * H + h] = float(gk);
+    dv[int64_t(blockIdx.x) * H + h] = float(gv);
   }
 }
 
@@ -495,15 +519,19 @@ void CudaBackend::attention_impl(const float* q, const float* k, const float* v,
 void CudaBackend::attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                                           const AttentionShape& s, const float* dout, float* dq, float* dk,
                                           float* dv) {
-  const size_t kv = size_t(s.batch * s.capacity * s.kv_heads * s.head_dim) * sizeof(float);
-  check_cuda(cudaMemsetAsync(dk, 0, kv, state_->stream), "attention_backward");
-  check_cuda(cudaMemsetAsync(dv, 0, kv, state_->stream), "attention_backward");
-  const int64_t queries = s.batch * s.query_len * s.heads;
-  if (queries == 0) return;
-  const size_t shared = attention_shared_bytes(attention_backward_kernel, s, 3, gpu_);
-  attention_backward_kernel<<<unsigned(queries), 128, shared, state_->stream>>>(q, k, v, key_valid, s, dout, dq, dk,
-                                                                                 dv);
-  check_launch("attention_backward");
+  const int64_t queries = s.batch * s.query_len * s.heads, keys = s.batch * s.capacity * s.kv_heads;
+  if (keys == 0) return;
+  auto* probs = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(2 * queries * s.capacity) * 4 + 4));
+  float* dscores = probs + queries * s.capacity;
+  if (queries > 0) {
+    const size_t shared = attention_shared_bytes(attention_backward_kernel, s, 3, gpu_);
+    attention_backward_kernel<<<unsigned(queries), 128, shared, state_->stream>>>(q, k, v, key_valid, s, dout, dq,
+                                                                                   probs, dscores);
+    check_launch("attention_backward");
+  }
+  const unsigned threads = unsigned(std::min<int64_t>(256, (s.head_dim + 31) / 32 * 32));
+  attention_key_gradients_kernel<<<unsigned(keys), threads, 0, state_->stream>>>(q, dout, probs, dscores, s, dk, dv);
+  check_launch("attention_backward (keys)");
 }
 
 void CudaBackend::geglu_impl(float* gate, const float* up, int64_t n) {
