@@ -42,6 +42,12 @@ __device__ double block_sum(double value) {
   return total;
 }
 
+// The sum of `value` over the warp (every lane gets it).
+__device__ double warp_sum(double value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
 // The largest `value` over the block (every thread gets it).
 __device__ float block_max(float value) {
   __shared__ float partial[32];
@@ -146,25 +152,32 @@ __device__ int64_t key_index(const AttentionShape& s, const Query& q, int64_t j)
   return ((q.b * s.capacity + j) * s.kv_heads + q.kv) * s.head_dim;
 }
 
-// p[j] = the query's probabilities, capped[j] = its capped scores (0 where not allowed).
+// a·b over the head dimension, one warp per key slot: lanes read consecutive values (coalesced) and
+// sum in double; every lane gets the sum.
+__device__ double warp_dot(const float* a, const float* b, int64_t H) {
+  double d = 0;
+  for (int64_t h = threadIdx.x % 32; h < H; h += 32) d += double(a[h]) * b[h];
+  return warp_sum(d);
+}
+
+// p[j] = the query's probabilities, capped[j] = its capped scores (0 where not allowed). Scores one
+// warp per key slot.
 __device__ void query_probabilities(const float* q, const float* k, const uint8_t* key_valid, const AttentionShape& s,
                                     const Query& qq, float* p, float* capped) {
   const int64_t S = s.capacity, H = s.head_dim;
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
   float local_max = -INFINITY;
-  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+  for (int64_t j = threadIdx.x / 32; j < S; j += warps) {
     const bool allowed = j <= qq.pos && key_valid[qq.b * S + j] && (s.window == 0 || qq.pos - s.window < j);
-    p[j] = 0;
-    capped[j] = 0;
-    if (!allowed) continue;
-    const float* kj = k + key_index(s, qq, j);
-    double d = 0;
-    for (int64_t h = 0; h < H; ++h) d += double(q[qq.qi + h]) * kj[h];
-    if (s.soft_cap > 0) d = tanh(d / s.soft_cap) * s.soft_cap;
-    capped[j] = float(d);
-    p[j] = 1;  // marks allowed until the exponentials replace it
-    local_max = fmaxf(local_max, float(d));
+    double d = allowed ? warp_dot(q + qq.qi, k + key_index(s, qq, j), H) : 0;
+    if (allowed && s.soft_cap > 0) d = tanh(d / s.soft_cap) * s.soft_cap;
+    if (lane == 0) {
+      capped[j] = allowed ? float(d) : 0.f;
+      p[j] = allowed ? 1.f : 0.f;  // marks allowed until the exponentials replace it
+    }
+    if (allowed) local_max = fmaxf(local_max, float(d));
   }
-  const float max = block_max(local_max);
+  const float max = block_max(local_max);  // its barrier also publishes p and capped to every thread
   double sum = 0;
   for (int64_t j = threadIdx.x; j < S; j += blockDim.x)
     if (p[j] != 0) {
@@ -203,17 +216,19 @@ __global__ void attention_backward_kernel(const float* q, const float* k, const 
   float *p = shared, *capped = shared + S, *ds = shared + 2 * S;
   const Query qq = this_query(s);
   query_probabilities(q, k, key_valid, s, qq, p, capped);
-  double p_dot_dp = 0;
-  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
-    ds[j] = 0;
-    if (p[j] == 0) continue;
-    const float* vj = v + key_index(s, qq, j);
-    double dp = 0;
-    for (int64_t h = 0; h < H; ++h) dp += double(dout[qq.qi + h]) * vj[h];
-    ds[j] = float(dp);
-    p_dot_dp += double(p[j]) * dp;
+  double p_dot_dp = 0;  // lane 0 of each warp adds its key slots' terms
+  for (int64_t j = threadIdx.x / 32; j < S; j += blockDim.x / 32) {
+    if (p[j] == 0) {
+      if (threadIdx.x % 32 == 0) ds[j] = 0;
+      continue;
+    }
+    const double dp = warp_dot(dout + qq.qi, v + key_index(s, qq, j), H);
+    if (threadIdx.x % 32 == 0) {
+      ds[j] = float(dp);
+      p_dot_dp += double(p[j]) * dp;
+    }
   }
-  p_dot_dp = block_sum(p_dot_dp);
+  p_dot_dp = block_sum(p_dot_dp);  // its barrier also publishes ds
   float* row_p = probs + int64_t(blockIdx.x) * S;  // blockIdx.x = (b·T + t)·N + n
   float* row_ds = dscores + int64_t(blockIdx.x) * S;
   for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
