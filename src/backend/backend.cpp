@@ -414,9 +414,9 @@ void Backend::clamp(Floats x, int64_t n, float limit) {
   clamp_impl(x.data, n, limit);
 }
 
-bool Backend::all_finite(ConstFloats x, int64_t n) {
-  need(*this, x, n, "all_finite", "x");
-  return n <= 0 || all_finite_impl(x.data, n);
+int64_t Backend::first_not_finite(const std::vector<ConstFloats>& arrays) {
+  for (const ConstFloats& a : arrays) need(*this, a, int64_t(a.size), "first_not_finite", "array");
+  return first_not_finite_impl(arrays);
 }
 
 }  // namespace meshtune

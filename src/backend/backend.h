@@ -134,11 +134,12 @@ class Backend : public Allocator {
   void adamw_update(Floats theta, ConstFloats grad, Floats m, Floats v, int64_t n, const AdamWStep& step);
   // Gradient clipping and Keras' TerminateOnNaN check: Σx² (summed in double, in index order, and
   // brought back to the host); x = (x·numerator)/denominator (two roundings, Keras' clipnorm);
-  // x = clamp(x, −limit, limit) (clipvalue); whether every value is finite.
+  // x = clamp(x, −limit, limit) (clipvalue); the index of the first of `arrays` holding a NaN or an
+  // infinity, or −1 (one host round trip for all of them on a device).
   double sum_of_squares(ConstFloats x, int64_t n);
   void scale_by_ratio(Floats x, int64_t n, float numerator, float denominator);
   void clamp(Floats x, int64_t n, float limit);
-  bool all_finite(ConstFloats x, int64_t n);
+  int64_t first_not_finite(const std::vector<ConstFloats>& arrays);
 
  protected:
   virtual void* allocate_impl(size_t bytes) = 0;
@@ -205,7 +206,7 @@ class Backend : public Allocator {
   virtual double sum_of_squares_impl(const float* x, int64_t n) = 0;
   virtual void scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) = 0;
   virtual void clamp_impl(float* x, int64_t n, float limit) = 0;
-  virtual bool all_finite_impl(const float* x, int64_t n) = 0;
+  virtual int64_t first_not_finite_impl(const std::vector<ConstFloats>& arrays) = 0;
 
  private:
   size_t allocations_ = 0;

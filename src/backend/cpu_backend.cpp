@@ -230,6 +230,10 @@ void CpuBackend::scale_by_ratio_impl(float* x, int64_t n, float numerator, float
   meshtune::scale_by_ratio(x, n, numerator, denominator);
 }
 void CpuBackend::clamp_impl(float* x, int64_t n, float limit) { clamp_values(x, n, limit); }
-bool CpuBackend::all_finite_impl(const float* x, int64_t n) { return meshtune::all_finite(x, n); }
+int64_t CpuBackend::first_not_finite_impl(const std::vector<ConstFloats>& arrays) {
+  for (size_t a = 0; a < arrays.size(); ++a)
+    if (!meshtune::all_finite(arrays[a].data, int64_t(arrays[a].size))) return int64_t(a);
+  return -1;
+}
 
 }  // namespace meshtune

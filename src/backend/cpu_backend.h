@@ -102,7 +102,7 @@ class CpuBackend final : public Backend {
   double sum_of_squares_impl(const float* x, int64_t n) override;
   void scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) override;
   void clamp_impl(float* x, int64_t n, float limit) override;
-  bool all_finite_impl(const float* x, int64_t n) override;
+  int64_t first_not_finite_impl(const std::vector<ConstFloats>& arrays) override;
 
  private:
   // path_, with the route of `kind` for this product: the kind's unless the product is large

@@ -444,10 +444,11 @@ void ReferenceBackend::scale_by_ratio_impl(float* x, int64_t n, float numerator,
 void ReferenceBackend::clamp_impl(float* x, int64_t n, float limit) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::clamp(x[i], -limit, limit);
 }
-bool ReferenceBackend::all_finite_impl(const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) return false;
-  return true;
+int64_t ReferenceBackend::first_not_finite_impl(const std::vector<ConstFloats>& arrays) {
+  for (size_t a = 0; a < arrays.size(); ++a)
+    for (size_t i = 0; i < arrays[a].size; ++i)
+      if (!std::isfinite(arrays[a].data[i])) return int64_t(a);
+  return -1;
 }
 
 }  // namespace meshtune

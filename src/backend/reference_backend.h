@@ -81,7 +81,7 @@ class ReferenceBackend final : public Backend {
   double sum_of_squares_impl(const float* x, int64_t n) override;
   void scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) override;
   void clamp_impl(float* x, int64_t n, float limit) override;
-  bool all_finite_impl(const float* x, int64_t n) override;
+  int64_t first_not_finite_impl(const std::vector<ConstFloats>& arrays) override;
  private:
   Device memory_ = Device::Host;
 };

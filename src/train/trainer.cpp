@@ -57,13 +57,10 @@ LossSums Trainer::optimizer_step(const std::vector<Batch>& micro_batches, double
 // Every process decides alike (the loss is the global one; the verdict on the tensors is combined
 // over the mesh).
 const Parameter* Trainer::first_not_finite(bool values) const {
-  const Parameter* bad = nullptr;
-  for (const Parameter& p : params_) {
-    if (!backend_->all_finite(values ? p.value : p.grad, int64_t(p.size))) {
-      bad = &p;
-      break;
-    }
-  }
+  std::vector<ConstFloats> arrays;
+  for (const Parameter& p : params_) arrays.push_back((values ? p.value : p.grad).part(0, p.size));
+  const int64_t first = backend_->first_not_finite(arrays);
+  const Parameter* bad = first >= 0 ? &params_[size_t(first)] : nullptr;
   double bad_anywhere = bad ? 1 : 0;
   if (dist_.mesh && dist_.mesh->size() > 1) dist_.mesh->comm().all_reduce_sum({&bad_anywhere, 1});
   static const Parameter elsewhere{"a variable held by another process", "", {}, {}, {}, 0};

@@ -14,7 +14,7 @@ namespace meshtune {
 // θ ← θ − (m·α)/(√v + ε).
 void adamw_update(const KernelPath& path, float* theta, const float* grad, float* m, float* v, int64_t n, const AdamWStep& step);
 
-// Gradient clipping and the finiteness check (Backend::sum_of_squares … all_finite). The sum is
+// Gradient clipping and the finiteness check (Backend::sum_of_squares … first_not_finite). The sum is
 // taken over fixed blocks in double and the blocks' sums added in order, so it does not depend on
 // the number of threads.
 double sum_of_squares(const float* x, int64_t n);

@@ -89,7 +89,7 @@ class CudaBackend final : public Backend {
   double sum_of_squares_impl(const float* x, int64_t n) override;
   void scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) override;
   void clamp_impl(float* x, int64_t n, float limit) override;
-  bool all_finite_impl(const float* x, int64_t n) override;
+  int64_t first_not_finite_impl(const std::vector<ConstFloats>& arrays) override;
  private:
   int gpu_ = 0;
   std::unique_ptr<CudaState> state_;

@@ -464,8 +464,8 @@ __global__ void scale_by_ratio_kernel(float* x, int64_t n, float numerator, floa
 __global__ void clamp_kernel(float* x, int64_t n, float limit) {
   FOR_EACH_INDEX(i, n) x[i] = x[i] < -limit ? -limit : (limit < x[i] ? limit : x[i]);  // std::clamp's order
 }
-__global__ void all_finite_kernel(const float* x, int64_t n, int* finite) {
-  FOR_EACH_INDEX(i, n) if (!isfinite(x[i])) *finite = 0;
+__global__ void not_finite_kernel(const float* x, int64_t n, int* not_finite) {
+  FOR_EACH_INDEX(i, n) if (!isfinite(x[i])) *not_finite = 1;
 }
 
 }  // namespace
@@ -668,15 +668,22 @@ void CudaBackend::clamp_impl(float* x, int64_t n, float limit) {
   clamp_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, n, limit);
   check_launch("clamp");
 }
-bool CudaBackend::all_finite_impl(const float* x, int64_t n) {
-  auto* flag = static_cast<int*>(state_->scratch_for(kSumScratch, sizeof(double)));
-  const int one = 1;
-  check_cuda(cudaMemcpyAsync(flag, &one, sizeof(int), cudaMemcpyHostToDevice, state_->stream), "all_finite");
-  all_finite_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, n, flag);
-  check_launch("all_finite");
-  int finite = 0;
-  download_impl(flag, sizeof(int), &finite);
-  return finite != 0;
+int64_t CudaBackend::first_not_finite_impl(const std::vector<ConstFloats>& arrays) {
+  if (arrays.empty()) return -1;
+  // One flag per array, raised by its kernel; all brought back at once (the trainer checks every
+  // gradient and every updated value each step: one round trip, not one per parameter).
+  auto* flags = static_cast<int*>(state_->scratch_for(kSumScratch, arrays.size() * sizeof(int)));
+  check_cuda(cudaMemsetAsync(flags, 0, arrays.size() * sizeof(int), state_->stream), "first_not_finite");
+  for (size_t a = 0; a < arrays.size(); ++a)
+    if (arrays[a].size > 0)
+      not_finite_kernel<<<blocks_for(int64_t(arrays[a].size)), kThreads, 0, state_->stream>>>(
+          arrays[a].data, int64_t(arrays[a].size), flags + a);
+  check_launch("first_not_finite");
+  std::vector<int> raised(arrays.size());
+  download_impl(flags, raised.size() * sizeof(int), raised.data());
+  for (size_t a = 0; a < raised.size(); ++a)
+    if (raised[a]) return int64_t(a);
+  return -1;
 }
 
 }  // namespace meshtune
