@@ -3,6 +3,8 @@
 // The other ops are in cuda_ops.cu.
 #include "backend/cuda/cuda_backend.h"
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_common.cuh"
 
 namespace meshtune {
@@ -12,6 +14,8 @@ using cuda::check_blas;
 using cuda::check_cuda;
 using cuda::check_launch;
 using cuda::kThreads;
+using cuda::warp_sum;
+using cuda::block_sum;
 
 CudaBackend::CudaBackend(int gpu) : gpu_(gpu), state_(std::make_unique<CudaState>()) {
   int count = 0;
@@ -254,8 +258,10 @@ void CudaBackend::linear_backward_weight_impl(const float* dy, const float* x, i
 }
 
 // ---- LoRA's low-rank term: y[:, g] += scale·(x·A_g)·B, with strided A and B ----
-// Small products (rank r of 4–64): one thread per output element, summing in double as the
-// reference does. u[m, g, j] = Σ_i x[m, i]·A_g(i, j); v[m, g, j] = Σ_o dy[m, g, o]·B(j, o).
+// Small products (rank r of 4–64), summing in double as the reference does. u[m, g, j] =
+// Σ_i x[m, i]·A_g(i, j); v[m, g, j] = Σ_o dy[m, g, o]·B(j, o). Outputs whose sum is long (over the
+// input width, the outputs of a group, the rows) are one warp each — one block for ∂B, whose sum runs
+// over every row of every group —; the others one thread each.
 
 __device__ inline double lora_a(const LowRankTerm& t, int64_t g, int64_t i, int64_t j) {
   return t.a[g * t.a_group + i * t.a_row + j * t.a_col];
@@ -263,22 +269,23 @@ __device__ inline double lora_a(const LowRankTerm& t, int64_t g, int64_t i, int6
 __device__ inline double lora_b(const LowRankTerm& t, int64_t j, int64_t o) { return t.b[j * t.b_row + o * t.b_col]; }
 
 __global__ void low_rank_u_kernel(const float* x, int64_t M, LowRankTerm t, double* u) {
-  const int64_t n = M * t.groups * t.rank;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+  FOR_EACH_WARP_ITEM(e, M * t.groups * t.rank) {
     const int64_t j = e % t.rank, g = (e / t.rank) % t.groups, m = e / (t.rank * t.groups);
     double acc = 0;
-    for (int64_t i = 0; i < t.in; ++i) acc += double(x[m * t.in + i]) * lora_a(t, g, i, j);
-    u[e] = acc;
+    for (int64_t i = threadIdx.x % 32; i < t.in; i += 32) acc += double(x[m * t.in + i]) * lora_a(t, g, i, j);
+    acc = warp_sum(acc);
+    if (threadIdx.x % 32 == 0) u[e] = acc;
   }
 }
 
 __global__ void low_rank_v_kernel(const float* dy, int64_t M, LowRankTerm t, double* v) {
-  const int64_t n = M * t.groups * t.rank, og = t.out_per_group;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+  const int64_t og = t.out_per_group;
+  FOR_EACH_WARP_ITEM(e, M * t.groups * t.rank) {
     const int64_t j = e % t.rank, g = (e / t.rank) % t.groups, m = e / (t.rank * t.groups);
     double acc = 0;
-    for (int64_t o = 0; o < og; ++o) acc += double(dy[m * t.out() + g * og + o]) * lora_b(t, j, o);
-    v[e] = acc;
+    for (int64_t o = threadIdx.x % 32; o < og; o += 32) acc += double(dy[m * t.out() + g * og + o]) * lora_b(t, j, o);
+    acc = warp_sum(acc);
+    if (threadIdx.x % 32 == 0) v[e] = acc;
   }
 }
 
@@ -309,30 +316,33 @@ __global__ void low_rank_dx_kernel(const double* v, int64_t M, LowRankTerm t, fl
 
 // ∂A_g(i, j) += scale·Σ_m x[m, i]·v[m, g, j]
 __global__ void low_rank_grad_a_kernel(const float* x, const double* v, int64_t M, LowRankTerm t) {
-  const int64_t n = t.groups * t.in * t.rank;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+  FOR_EACH_WARP_ITEM(e, t.groups * t.in * t.rank) {
     const int64_t j = e % t.rank, i = (e / t.rank) % t.in, g = e / (t.rank * t.in);
     double acc = 0;
-    for (int64_t m = 0; m < M; ++m) acc += double(x[m * t.in + i]) * v[(m * t.groups + g) * t.rank + j];
-    t.grad_a[g * t.a_group + i * t.a_row + j * t.a_col] += float(t.scale * acc);
+    for (int64_t m = threadIdx.x % 32; m < M; m += 32) acc += double(x[m * t.in + i]) * v[(m * t.groups + g) * t.rank + j];
+    acc = warp_sum(acc);
+    if (threadIdx.x % 32 == 0) t.grad_a[g * t.a_group + i * t.a_row + j * t.a_col] += float(t.scale * acc);
   }
 }
 
-// ∂B(j, o) += scale·Σ_g Σ_m u[m, g, j]·dy[m, g, o]
+// ∂B(j, o) += scale·Σ_g Σ_m u[m, g, j]·dy[m, g, o]: one block per output.
 __global__ void low_rank_grad_b_kernel(const double* u, const float* dy, int64_t M, LowRankTerm t) {
-  const int64_t og = t.out_per_group, n = t.rank * og;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+  const int64_t og = t.out_per_group, n = t.rank * og, terms = t.groups * M;
+  for (int64_t e = blockIdx.x; e < n; e += gridDim.x) {
     const int64_t j = e / og, o = e % og;
     double acc = 0;
-    for (int64_t g = 0; g < t.groups; ++g)
-      for (int64_t m = 0; m < M; ++m) acc += u[(m * t.groups + g) * t.rank + j] * double(dy[m * t.out() + g * og + o]);
-    t.grad_b[j * t.b_row + o * t.b_col] += float(t.scale * acc);
+    for (int64_t k = threadIdx.x; k < terms; k += blockDim.x) {
+      const int64_t g = k / M, m = k % M;
+      acc += u[(m * t.groups + g) * t.rank + j] * double(dy[m * t.out() + g * og + o]);
+    }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) t.grad_b[j * t.b_row + o * t.b_col] += float(t.scale * acc);
   }
 }
 
 void CudaBackend::low_rank_impl(const float* x, int64_t M, const LowRankTerm& t, float* y) {
   auto* u = static_cast<double*>(state_->scratch_for(2, size_t(M * t.groups * t.rank) * sizeof(double)));
-  low_rank_u_kernel<<<blocks_for(M * t.groups * t.rank), kThreads, 0, state_->stream>>>(x, M, t, u);
+  low_rank_u_kernel<<<blocks_for(32 * M * t.groups * t.rank), kThreads, 0, state_->stream>>>(x, M, t, u);
   low_rank_y_kernel<<<blocks_for(M * t.out()), kThreads, 0, state_->stream>>>(u, M, t, y);
   check_launch("low_rank");
 }
@@ -342,12 +352,14 @@ void CudaBackend::low_rank_backward_impl(const float* x, const float* dy, int64_
   const int64_t n = M * t.groups * t.rank;
   auto* u = static_cast<double*>(state_->scratch_for(2, size_t(n) * sizeof(double)));
   auto* v = static_cast<double*>(state_->scratch_for(3, size_t(n) * sizeof(double)));
-  low_rank_v_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(dy, M, t, v);
+  low_rank_v_kernel<<<blocks_for(32 * n), kThreads, 0, state_->stream>>>(dy, M, t, v);
   if (dx) low_rank_dx_kernel<<<blocks_for(M * t.in), kThreads, 0, state_->stream>>>(v, M, t, dx);
-  if (t.grad_a) low_rank_grad_a_kernel<<<blocks_for(t.groups * t.in * t.rank), kThreads, 0, state_->stream>>>(x, v, M, t);
+  if (t.grad_a)
+    low_rank_grad_a_kernel<<<blocks_for(32 * t.groups * t.in * t.rank), kThreads, 0, state_->stream>>>(x, v, M, t);
   if (t.grad_b) {
-    low_rank_u_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, M, t, u);
-    low_rank_grad_b_kernel<<<blocks_for(t.rank * t.out_per_group), kThreads, 0, state_->stream>>>(u, dy, M, t);
+    low_rank_u_kernel<<<blocks_for(32 * n), kThreads, 0, state_->stream>>>(x, M, t, u);
+    const int64_t outputs = t.rank * t.out_per_group;
+    low_rank_grad_b_kernel<<<unsigned(std::min<int64_t>(outputs, 65535)), kThreads, 0, state_->stream>>>(u, dy, M, t);
   }
   check_launch("low_rank_backward");
 }

@@ -52,6 +52,31 @@ inline const Cublas& cublas() {
   return loaded;
 }
 
+// The sum of `value` over the block (every thread gets it). blockDim.x is a multiple of 32, ≤ 1024.
+__device__ inline double block_sum(double value) {
+  __shared__ double partial[32];
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __syncthreads();  // partial may still be read by a previous call
+  if (lane == 0) partial[warp] = value;
+  __syncthreads();
+  double total = 0;
+  for (int w = 0; w < warps; ++w) total += partial[w];  // in warp order: the same on every run
+  return total;
+}
+
+// The sum of `value` over the warp (every lane gets it).
+__device__ inline double warp_sum(double value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Grid-stride loop over [0, n) by warps: one warp per item (its lanes share `item`; launch with
+// blocks_for(32·n)).
+#define FOR_EACH_WARP_ITEM(item, n)                                                                      \
+  for (int64_t item = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; item < (n);               \
+       item += int64_t(gridDim.x) * blockDim.x / 32)
+
 constexpr int kThreads = 256;  // threads per block of the element-wise and per-row kernels
 
 // Blocks for a grid-stride loop over n elements.

@@ -17,6 +17,8 @@ using cuda::blocks_for;
 using cuda::check_cuda;
 using cuda::check_launch;
 using cuda::kThreads;
+using cuda::warp_sum;
+using cuda::block_sum;
 
 namespace {
 
@@ -28,25 +30,6 @@ constexpr int kAttentionScratch = 6;  // attention backward's probabilities and 
 // Grid-stride loop over [0, n).
 #define FOR_EACH_INDEX(i, n) \
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
-
-// The sum of `value` over the block (every thread gets it). blockDim.x is a multiple of 32, ≤ 1024.
-__device__ double block_sum(double value) {
-  __shared__ double partial[32];
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_down_sync(0xffffffffu, value, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  __syncthreads();  // partial may still be read by a previous call
-  if (lane == 0) partial[warp] = value;
-  __syncthreads();
-  double total = 0;
-  for (int w = 0; w < warps; ++w) total += partial[w];  // in warp order: the same on every run
-  return total;
-}
-
-// The sum of `value` over the warp (every lane gets it).
-__device__ double warp_sum(double value) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
 
 // The largest `value` over the block (every thread gets it).
 __device__ float block_max(float value) {
