@@ -199,24 +199,27 @@ __global__ void quantize_rows_kernel(const float* x, int64_t n, int64_t cols, co
     codes[e] = int8_code(x[e], int8_scale(row_max[e / cols]));
 }
 
-// y[m, r] = int32(Σ_c xq[m, c]·wq[r, c]) / (s_x[m]·s_W[r]); |sum| < 2³¹ (check_int8_columns). Four
-// codes at a time (__dp4a) when the rows are whole 4-byte words.
+// y[m, r] = int32(Σ_c xq[m, c]·wq[r, c]) / (s_x[m]·s_W[r]); |sum| < 2³¹ (check_int8_columns), so
+// every partial sum is exact and the order does not matter. One warp per output, its lanes reading
+// consecutive words of the row (coalesced); four codes at a time (__dp4a) when the rows are whole
+// 4-byte words.
 __global__ void int8_linear_kernel(const int8_t* xq, const float* row_max, const int8_t* w, const float* w_scales,
                                    int64_t M, int64_t rows, int64_t cols, float* y) {
-  const int64_t n = M * rows;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
+  const int lane = threadIdx.x % 32;
+  FOR_EACH_WARP_ITEM(e, M * rows) {
     const int64_t m = e / rows, r = e % rows;
     const int8_t* a = xq + m * cols;
     const int8_t* b = w + r * cols;
     int32_t acc = 0;
-    if (cols % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0) {
+    if (cols % 4 == 0 && reinterpret_cast<uintptr_t>(a) % 4 == 0 && reinterpret_cast<uintptr_t>(b) % 4 == 0) {
       const int* a4 = reinterpret_cast<const int*>(a);
       const int* b4 = reinterpret_cast<const int*>(b);
-      for (int64_t c = 0; c < cols / 4; ++c) acc = __dp4a(a4[c], b4[c], acc);
+      for (int64_t c = lane; c < cols / 4; c += 32) acc = __dp4a(a4[c], b4[c], acc);
     } else {
-      for (int64_t c = 0; c < cols; ++c) acc += int32_t(a[c]) * int32_t(b[c]);
+      for (int64_t c = lane; c < cols; c += 32) acc += int32_t(a[c]) * int32_t(b[c]);
     }
-    y[e] = float(acc) / (int8_scale(row_max[m]) * w_scales[r]);
+    for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+    if (lane == 0) y[e] = float(acc) / (int8_scale(row_max[m]) * w_scales[r]);
   }
 }
 
@@ -232,8 +235,8 @@ void CudaBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, 
       maxima = own;
     }
     quantize_rows_kernel<<<blocks_for(M * W.cols), kThreads, 0, state_->stream>>>(x, M * W.cols, W.cols, maxima, codes);
-    int8_linear_kernel<<<blocks_for(M * W.rows), kThreads, 0, state_->stream>>>(codes, maxima, W.i8(), W.scales, M,
-                                                                                 W.rows, W.cols, y);
+    int8_linear_kernel<<<blocks_for(32 * M * W.rows), kThreads, 0, state_->stream>>>(codes, maxima, W.i8(), W.scales,
+                                                                                      M, W.rows, W.cols, y);
     check_launch("linear (int8)");
     return;
   }
