@@ -505,12 +505,21 @@ static size_t attention_shared_bytes(Kernel kernel, const AttentionShape& s, int
   return bytes;
 }
 
+// Threads per query's block: 128, or with few queries (decode: batch × heads blocks, too few for the
+// GPU's SMs) wider blocks — up to 1024 threads, about four key slots per warp — so that the scores,
+// one warp per key slot, are not a long serial loop.
+static unsigned attention_threads(const AttentionShape& s, int64_t queries) {
+  if (queries >= 1024) return 128;
+  return unsigned(std::clamp<int64_t>((s.capacity + 3) / 4 * 32, 128, 1024));
+}
+
 void CudaBackend::attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                                  const AttentionShape& s, float* out) {
   const int64_t queries = s.batch * s.query_len * s.heads;
   if (queries == 0) return;
   const size_t shared = attention_shared_bytes(attention_kernel, s, 2, gpu_);
-  attention_kernel<<<unsigned(queries), 128, shared, state_->stream>>>(q, k, v, key_valid, s, out);
+  attention_kernel<<<unsigned(queries), attention_threads(s, queries), shared, state_->stream>>>(q, k, v, key_valid, s,
+                                                                                                out);
   check_launch("attention");
 }
 
@@ -523,8 +532,8 @@ void CudaBackend::attention_backward_impl(const float* q, const float* k, const 
   float* dscores = probs + queries * s.capacity;
   if (queries > 0) {
     const size_t shared = attention_shared_bytes(attention_backward_kernel, s, 3, gpu_);
-    attention_backward_kernel<<<unsigned(queries), 128, shared, state_->stream>>>(q, k, v, key_valid, s, dout, dq,
-                                                                                   probs, dscores);
+    attention_backward_kernel<<<unsigned(queries), attention_threads(s, queries), shared, state_->stream>>>(
+        q, k, v, key_valid, s, dout, dq, probs, dscores);
     check_launch("attention_backward");
   }
   const unsigned threads = unsigned(std::min<int64_t>(256, (s.head_dim + 31) / 32 * 32));
