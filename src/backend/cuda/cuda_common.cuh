@@ -35,6 +35,10 @@ struct Cublas {
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
                             const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                            const void*, const void*, cudaDataType, int, long long, const void*,
+                                            cudaDataType, int, long long, const void*, void*, cudaDataType, int,
+                                            long long, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
 };
 inline const Cublas& cublas() {
   static const Cublas loaded = [] {
@@ -47,6 +51,8 @@ inline const Cublas& cublas() {
     c.set_stream = reinterpret_cast<decltype(c.set_stream)>(symbol("cublasSetStream_v2"));
     c.set_math_mode = reinterpret_cast<decltype(c.set_math_mode)>(symbol("cublasSetMathMode"));
     c.gemm_ex = reinterpret_cast<decltype(c.gemm_ex)>(symbol("cublasGemmEx"));
+    c.gemm_strided_batched_ex =
+        reinterpret_cast<decltype(c.gemm_strided_batched_ex)>(symbol("cublasGemmStridedBatchedEx"));
     return c;
   }();
   return loaded;

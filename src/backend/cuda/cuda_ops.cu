@@ -7,6 +7,8 @@
 // op_types.h's, the same functions the host backends run.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
@@ -249,6 +251,64 @@ __global__ void attention_key_gradients_kernel(const float* q, const float* dout
       }
     dk[int64_t(blockIdx.x) * H + h] = float(gk);
     dv[int64_t(blockIdx.x) * H + h] = float(gv);
+  }
+}
+
+// ---- attention through cuBLAS (MESHTUNE_CUDA_ATTENTION=gemm) ----
+// The scores of every (row b, head n) as one [T, L] block of a [B, N, T, L] array — L = the key
+// slots any query may attend to, min(S, start + T): later slots may hold anything — from batched
+// fp32 products (no TF32), then these kernels over each score row (one block per (b, n, t)); the
+// products P·V, and in backward dP = dout·Vᵀ, dq = dS·K, dk = dSᵀ·q, dv = Pᵀ·dout, batched again.
+
+__device__ bool key_allowed(const AttentionShape& s, const uint8_t* key_valid, int64_t b, int64_t pos, int64_t j) {
+  return j <= pos && key_valid[b * s.capacity + j] && (s.window == 0 || pos - s.window < j);
+}
+
+// In place: a row of raw scores becomes the query's probabilities (0 where not allowed); its capped
+// scores go to `capped` when given (backward's soft-cap slope).
+__global__ void score_softmax_kernel(float* scores, float* capped, const uint8_t* key_valid, AttentionShape s,
+                                     int64_t L) {
+  const int64_t row = blockIdx.x, t = row % s.query_len, b = row / (s.query_len * s.heads), pos = s.start + t;
+  float* x = scores + row * L;
+  float local_max = -INFINITY;
+  for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
+    if (!key_allowed(s, key_valid, b, pos, j)) continue;
+    double d = x[j];
+    if (s.soft_cap > 0) d = tanh(d / s.soft_cap) * s.soft_cap;
+    x[j] = float(d);
+    local_max = fmaxf(local_max, float(d));
+  }
+  const float max = block_max(local_max);
+  double sum = 0;
+  for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
+    const bool allowed = key_allowed(s, key_valid, b, pos, j);
+    if (capped) capped[row * L + j] = allowed ? x[j] : 0.f;
+    const double e = allowed ? exp(double(x[j]) - max) : 0.0;
+    x[j] = float(e);  // unnormalized until the sum is known
+    sum += e;
+  }
+  sum = block_sum(sum);
+  for (int64_t j = threadIdx.x; j < L; j += blockDim.x)
+    x[j] = sum > 0 && key_allowed(s, key_valid, b, pos, j) ? float(double(x[j]) / sum) : 0.f;
+}
+
+// In place: a row of dp = dout·v_j becomes ds_j = p_j·(dp_j − Σ p·dp)·(1 − (capped/cap)²).
+__global__ void score_softmax_backward_kernel(const float* probs, const float* capped, float* dscores,
+                                              AttentionShape s, int64_t L) {
+  const int64_t row = blockIdx.x;
+  const float* p = probs + row * L;
+  float* d = dscores + row * L;
+  double p_dot_dp = 0;
+  for (int64_t j = threadIdx.x; j < L; j += blockDim.x)
+    if (p[j] != 0) p_dot_dp += double(p[j]) * d[j];
+  p_dot_dp = block_sum(p_dot_dp);
+  for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
+    double ds = p[j] != 0 ? double(p[j]) * (double(d[j]) - p_dot_dp) : 0.0;
+    if (p[j] != 0 && s.soft_cap > 0) {
+      const double c = capped[row * L + j] / s.soft_cap;
+      ds *= 1.0 - c * c;
+    }
+    d[j] = float(ds);
   }
 }
 
@@ -505,6 +565,67 @@ static size_t attention_shared_bytes(Kernel kernel, const AttentionShape& s, int
   return bytes;
 }
 
+// The attention route: the per-query kernels (default), or MESHTUNE_CUDA_ATTENTION=gemm, cuBLAS'
+// batched products with the softmax kernels. Both are tested against the reference
+// (scripts/device-check runs the registry's attention cases and the 8 × 1024 step under each).
+static bool attention_by_gemm() {
+  static const bool gemm = [] {
+    const char* route = std::getenv("MESHTUNE_CUDA_ATTENTION");
+    const std::string name = route ? route : "";
+    check(name.empty() || name == "kernels" || name == "gemm", "MESHTUNE_CUDA_ATTENTION=", brief(name),
+          ": expected kernels or gemm");
+    return name == "gemm";
+  }();
+  return gemm;
+}
+
+// C = op(A)·op(B) + beta·C for `batch` fp32 matrices `stride_*` floats apart (column-major, as cuBLAS).
+static void batched_gemm(CudaState& st, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                         const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b,
+                         float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+  const float alpha = 1.f;
+  check(m < (int64_t(1) << 31) && n < (int64_t(1) << 31) && k < (int64_t(1) << 31) && batch < (int64_t(1) << 31),
+        "attention on cuda: a product's dimension does not fit cuBLAS' 32-bit sizes");
+  cuda::check_blas(cuda::cublas().gemm_strided_batched_ex(st.blas, ta, tb, int(m), int(n), int(k), &alpha, A, CUDA_R_32F,
+                                                          int(lda), stride_a, B, CUDA_R_32F, int(ldb), stride_b, &beta, C,
+                                                          CUDA_R_32F, int(ldc), stride_c, int(batch), CUBLAS_COMPUTE_32F,
+                                                          CUBLAS_GEMM_DEFAULT),
+                   "attention (batched product)");
+}
+
+// The products of attention over every (row b, query head n), as batched products: for each row and
+// each head g of a group, one call over the K groups (head n = kv·G + g; its keys are kv's).
+struct AttentionProducts {
+  CudaState& st;
+  const AttentionShape& s;
+  int64_t L;  // key slots used
+  int64_t G() const { return s.heads / s.kv_heads; }
+  // scores[b, n, t, j] = a[b, t, n, :]·keys[b, j, kv, :] (a: q or dout; keys: k or v)
+  void scores(const float* a, const float* keys, float* out) const {
+    const int64_t T = s.query_len, N = s.heads, K = s.kv_heads, H = s.head_dim, S = s.capacity;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t g = 0; g < G(); ++g)
+        batched_gemm(st, CUBLAS_OP_T, CUBLAS_OP_N, L, T, H, keys + b * S * K * H, K * H, H, a + (b * T * N + g) * H,
+                     N * H, G() * H, 0.f, out + (b * N + g) * T * L, L, G() * T * L, K);
+  }
+  // out[b, t, n, :] = Σ_j w[b, n, t, j]·values[b, j, kv, :] (w: P or dS; values: v or k)
+  void weighted_sum(const float* w, const float* values, float* out) const {
+    const int64_t T = s.query_len, N = s.heads, K = s.kv_heads, H = s.head_dim, S = s.capacity;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t g = 0; g < G(); ++g)
+        batched_gemm(st, CUBLAS_OP_N, CUBLAS_OP_N, H, T, L, values + b * S * K * H, K * H, H,
+                     w + (b * N + g) * T * L, L, G() * T * L, 0.f, out + (b * T * N + g) * H, N * H, G() * H, K);
+  }
+  // out[b, j, kv, :] += Σ_{g, t} w[b, n, t, j]·a[b, t, n, :] (w: dS or P; a: q or dout)
+  void key_gradient(const float* w, const float* a, float* out) const {
+    const int64_t T = s.query_len, N = s.heads, K = s.kv_heads, H = s.head_dim, S = s.capacity;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t g = 0; g < G(); ++g)
+        batched_gemm(st, CUBLAS_OP_N, CUBLAS_OP_T, H, L, T, a + (b * T * N + g) * H, N * H, G() * H,
+                     w + (b * N + g) * T * L, L, G() * T * L, 1.f, out + b * S * K * H, K * H, H, K);
+  }
+};
+
 // Threads per query's block: 128, or with few queries (decode: batch × heads blocks, too few for the
 // GPU's SMs) wider blocks — up to 1024 threads, about four key slots per warp — so that the scores,
 // one warp per key slot, are not a long serial loop.
@@ -517,6 +638,15 @@ void CudaBackend::attention_impl(const float* q, const float* k, const float* v,
                                  const AttentionShape& s, float* out) {
   const int64_t queries = s.batch * s.query_len * s.heads;
   if (queries == 0) return;
+  if (attention_by_gemm()) {
+    const AttentionProducts products{*state_, s, std::min(s.capacity, s.start + s.query_len)};
+    auto* scores = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(queries * products.L) * 4));
+    products.scores(q, k, scores);
+    score_softmax_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(scores, nullptr, key_valid, s, products.L);
+    check_launch("attention (softmax)");
+    products.weighted_sum(scores, v, out);
+    return;
+  }
   const size_t shared = attention_shared_bytes(attention_kernel, s, 2, gpu_);
   attention_kernel<<<unsigned(queries), attention_threads(s, queries), shared, state_->stream>>>(q, k, v, key_valid, s,
                                                                                                 out);
@@ -528,6 +658,26 @@ void CudaBackend::attention_backward_impl(const float* q, const float* k, const 
                                           float* dv) {
   const int64_t queries = s.batch * s.query_len * s.heads, keys = s.batch * s.capacity * s.kv_heads;
   if (keys == 0) return;
+  if (attention_by_gemm()) {
+    const AttentionProducts products{*state_, s, std::min(s.capacity, s.start + s.query_len)};
+    const size_t kv_bytes = size_t(keys * s.head_dim) * sizeof(float);
+    check_cuda(cudaMemsetAsync(dk, 0, kv_bytes, state_->stream), "attention_backward");
+    check_cuda(cudaMemsetAsync(dv, 0, kv_bytes, state_->stream), "attention_backward");
+    if (queries == 0) return;
+    const int64_t n = queries * products.L;  // probabilities, score gradients, capped scores
+    auto* probs = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(3 * n) * 4));
+    float *dscores = probs + n, *capped = s.soft_cap > 0 ? probs + 2 * n : nullptr;
+    products.scores(q, k, probs);
+    score_softmax_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(probs, capped, key_valid, s, products.L);
+    products.scores(dout, v, dscores);  // dp
+    score_softmax_backward_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(probs, capped, dscores, s,
+                                                                                      products.L);
+    check_launch("attention_backward (softmax)");
+    products.weighted_sum(dscores, k, dq);
+    products.key_gradient(dscores, q, dk);
+    products.key_gradient(probs, dout, dv);
+    return;
+  }
   auto* probs = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(2 * queries * s.capacity) * 4 + 4));
   float* dscores = probs + queries * s.capacity;
   if (queries > 0) {
