@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/batched_attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.cuh"
 
@@ -255,10 +256,9 @@ __global__ void attention_key_gradients_kernel(const float* q, const float* dout
 }
 
 // ---- attention through cuBLAS (MESHTUNE_CUDA_ATTENTION=gemm) ----
-// The scores of every (row b, head n) as one [T, L] block of a [B, N, T, L] array — L = the key
-// slots any query may attend to, min(S, start + T): later slots may hold anything — from batched
-// fp32 products (no TF32), then these kernels over each score row (one block per (b, n, t)); the
-// products P·V, and in backward dP = dout·Vᵀ, dq = dS·K, dk = dSᵀ·q, dv = Pᵀ·dout, batched again.
+// The products of backend/batched_attention.h (scores [B, N, T, L]; P·V; in backward dP = dout·Vᵀ,
+// dq = dS·K, dk = dSᵀ·q, dv = Pᵀ·dout) with these kernels over each score row (one block per
+// (b, n, t)) between them.
 
 __device__ bool key_allowed(const AttentionShape& s, const uint8_t* key_valid, int64_t b, int64_t pos, int64_t j) {
   return j <= pos && key_valid[b * s.capacity + j] && (s.window == 0 || pos - s.window < j);
@@ -579,52 +579,21 @@ static bool attention_by_gemm() {
   return gemm;
 }
 
-// C = op(A)·op(B) + beta·C for `batch` fp32 matrices `stride_*` floats apart (column-major, as cuBLAS).
-static void batched_gemm(CudaState& st, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-                         const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b,
-                         float beta, float* C, int64_t ldc, int64_t stride_c, int64_t batch) {
+// The products of backend/batched_attention.h on cuBLAS, in fp32 (no TF32), over operands A, B, C.
+static void run_products(CudaState& st, const std::vector<BatchedProduct>& products, const float* A, const float* B,
+                         float* C) {
   const float alpha = 1.f;
-  check(m < (int64_t(1) << 31) && n < (int64_t(1) << 31) && k < (int64_t(1) << 31) && batch < (int64_t(1) << 31),
-        "attention on cuda: a product's dimension does not fit cuBLAS' 32-bit sizes");
-  cuda::check_blas(cuda::cublas().gemm_strided_batched_ex(st.blas, ta, tb, int(m), int(n), int(k), &alpha, A, CUDA_R_32F,
-                                                          int(lda), stride_a, B, CUDA_R_32F, int(ldb), stride_b, &beta, C,
-                                                          CUDA_R_32F, int(ldc), stride_c, int(batch), CUBLAS_COMPUTE_32F,
-                                                          CUBLAS_GEMM_DEFAULT),
-                   "attention (batched product)");
+  for (const BatchedProduct& p : products) {
+    check(p.m < (int64_t(1) << 31) && p.n < (int64_t(1) << 31) && p.k < (int64_t(1) << 31),
+          "attention on cuda: a product's dimension does not fit cuBLAS' 32-bit sizes");
+    cuda::check_blas(cuda::cublas().gemm_strided_batched_ex(
+                         st.blas, p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                         int(p.m), int(p.n), int(p.k), &alpha, A + p.a, CUDA_R_32F, int(p.lda), p.stride_a, B + p.b,
+                         CUDA_R_32F, int(p.ldb), p.stride_b, &p.beta, C + p.c, CUDA_R_32F, int(p.ldc), p.stride_c,
+                         int(p.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "attention (batched product)");
+  }
 }
-
-// The products of attention over every (row b, query head n), as batched products: for each row and
-// each head g of a group, one call over the K groups (head n = kv·G + g; its keys are kv's).
-struct AttentionProducts {
-  CudaState& st;
-  const AttentionShape& s;
-  int64_t L;  // key slots used
-  int64_t G() const { return s.heads / s.kv_heads; }
-  // scores[b, n, t, j] = a[b, t, n, :]·keys[b, j, kv, :] (a: q or dout; keys: k or v)
-  void scores(const float* a, const float* keys, float* out) const {
-    const int64_t T = s.query_len, N = s.heads, K = s.kv_heads, H = s.head_dim, S = s.capacity;
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t g = 0; g < G(); ++g)
-        batched_gemm(st, CUBLAS_OP_T, CUBLAS_OP_N, L, T, H, keys + b * S * K * H, K * H, H, a + (b * T * N + g) * H,
-                     N * H, G() * H, 0.f, out + (b * N + g) * T * L, L, G() * T * L, K);
-  }
-  // out[b, t, n, :] = Σ_j w[b, n, t, j]·values[b, j, kv, :] (w: P or dS; values: v or k)
-  void weighted_sum(const float* w, const float* values, float* out) const {
-    const int64_t T = s.query_len, N = s.heads, K = s.kv_heads, H = s.head_dim, S = s.capacity;
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t g = 0; g < G(); ++g)
-        batched_gemm(st, CUBLAS_OP_N, CUBLAS_OP_N, H, T, L, values + b * S * K * H, K * H, H,
-                     w + (b * N + g) * T * L, L, G() * T * L, 0.f, out + (b * T * N + g) * H, N * H, G() * H, K);
-  }
-  // out[b, j, kv, :] += Σ_{g, t} w[b, n, t, j]·a[b, t, n, :] (w: dS or P; a: q or dout)
-  void key_gradient(const float* w, const float* a, float* out) const {
-    const int64_t T = s.query_len, N = s.heads, K = s.kv_heads, H = s.head_dim, S = s.capacity;
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t g = 0; g < G(); ++g)
-        batched_gemm(st, CUBLAS_OP_N, CUBLAS_OP_T, H, L, T, a + (b * T * N + g) * H, N * H, G() * H,
-                     w + (b * N + g) * T * L, L, G() * T * L, 1.f, out + b * S * K * H, K * H, H, K);
-  }
-};
 
 // Threads per query's block: 128, or with few queries (decode: batch × heads blocks, too few for the
 // GPU's SMs) wider blocks — up to 1024 threads, about four key slots per warp — so that the scores,
@@ -639,12 +608,12 @@ void CudaBackend::attention_impl(const float* q, const float* k, const float* v,
   const int64_t queries = s.batch * s.query_len * s.heads;
   if (queries == 0) return;
   if (attention_by_gemm()) {
-    const AttentionProducts products{*state_, s, std::min(s.capacity, s.start + s.query_len)};
-    auto* scores = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(queries * products.L) * 4));
-    products.scores(q, k, scores);
-    score_softmax_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(scores, nullptr, key_valid, s, products.L);
+    const int64_t L = attention_key_slots(s);
+    auto* scores = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(queries * L) * 4));
+    run_products(*state_, attention_score_products(s), k, q, scores);
+    score_softmax_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(scores, nullptr, key_valid, s, L);
     check_launch("attention (softmax)");
-    products.weighted_sum(scores, v, out);
+    run_products(*state_, attention_sum_products(s), v, scores, out);
     return;
   }
   const size_t shared = attention_shared_bytes(attention_kernel, s, 2, gpu_);
@@ -659,23 +628,22 @@ void CudaBackend::attention_backward_impl(const float* q, const float* k, const 
   const int64_t queries = s.batch * s.query_len * s.heads, keys = s.batch * s.capacity * s.kv_heads;
   if (keys == 0) return;
   if (attention_by_gemm()) {
-    const AttentionProducts products{*state_, s, std::min(s.capacity, s.start + s.query_len)};
+    const int64_t L = attention_key_slots(s);
     const size_t kv_bytes = size_t(keys * s.head_dim) * sizeof(float);
     check_cuda(cudaMemsetAsync(dk, 0, kv_bytes, state_->stream), "attention_backward");
     check_cuda(cudaMemsetAsync(dv, 0, kv_bytes, state_->stream), "attention_backward");
     if (queries == 0) return;
-    const int64_t n = queries * products.L;  // probabilities, score gradients, capped scores
+    const int64_t n = queries * L;  // probabilities, score gradients, capped scores
     auto* probs = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(3 * n) * 4));
     float *dscores = probs + n, *capped = s.soft_cap > 0 ? probs + 2 * n : nullptr;
-    products.scores(q, k, probs);
-    score_softmax_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(probs, capped, key_valid, s, products.L);
-    products.scores(dout, v, dscores);  // dp
-    score_softmax_backward_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(probs, capped, dscores, s,
-                                                                                      products.L);
+    run_products(*state_, attention_score_products(s), k, q, probs);
+    score_softmax_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(probs, capped, key_valid, s, L);
+    run_products(*state_, attention_score_products(s), v, dout, dscores);  // dp = dout·vᵀ
+    score_softmax_backward_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(probs, capped, dscores, s, L);
     check_launch("attention_backward (softmax)");
-    products.weighted_sum(dscores, k, dq);
-    products.key_gradient(dscores, q, dk);
-    products.key_gradient(probs, dout, dv);
+    run_products(*state_, attention_sum_products(s), k, dscores, dq);
+    run_products(*state_, attention_key_gradient_products(s), q, dscores, dk);
+    run_products(*state_, attention_key_gradient_products(s), dout, probs, dv);
     return;
   }
   auto* probs = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(2 * queries * s.capacity) * 4 + 4));
