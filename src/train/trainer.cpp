@@ -174,12 +174,13 @@ EpochMetrics Trainer::fit(const BatchStream& data, const std::vector<TrainingLog
 
 // ---- checkpoints (the format is store/checkpoint.h's) ------------------------------------------
 
-std::vector<CheckpointTensor> Trainer::checkpoint_tensors(HostStaging& host) const {
+std::vector<CheckpointTensor> Trainer::checkpoint_tensors(HostStaging& host, bool to_load) const {
+  auto view = [&](Floats values) { return to_load ? host.write(values) : host.read(values); };
   std::vector<CheckpointTensor> tensors;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Parameter& p = params_[i];
-    tensors.push_back({p.path, host.read(p.value.part(0, p.size)), host.read(optimizer_->momentums[i].span().part(0, p.size)),
-                       host.read(optimizer_->velocities[i].span().part(0, p.size)), p.size, trainables_[i].held()});
+    tensors.push_back({p.path, view(p.value.part(0, p.size)), view(optimizer_->momentums[i].span().part(0, p.size)),
+                       view(optimizer_->velocities[i].span().part(0, p.size)), p.size, trainables_[i].held()});
   }
   return tensors;
 }
@@ -191,19 +192,14 @@ CheckpointState Trainer::checkpoint_state() const {
 
 void Trainer::save_checkpoint(const std::string& path) const {
   HostStaging host(*backend_);
-  write_checkpoint(path, checkpoint_state(), checkpoint_tensors(host), dist_.mesh);
+  write_checkpoint(path, checkpoint_state(), checkpoint_tensors(host, /*to_load=*/false), dist_.mesh);
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
   HostStaging host(*backend_);
-  const std::vector<CheckpointTensor> tensors = checkpoint_tensors(host);
-  const CheckpointState state = read_checkpoint(path, lora_ ? "lora" : "full", tensors, dist_.mesh);
-  if (backend_->device() != Device::Host)  // the values read into the host copies go back to the device
-    for (size_t i = 0; i < params_.size(); ++i) {
-      backend_->upload(tensors[i].value, params_[i].value);
-      backend_->upload(tensors[i].momentum, optimizer_->momentums[i]);
-      backend_->upload(tensors[i].velocity, optimizer_->velocities[i]);
-    }
+  const CheckpointState state =
+      read_checkpoint(path, lora_ ? "lora" : "full", checkpoint_tensors(host, /*to_load=*/true), dist_.mesh);
+  host.flush();  // on a device: the values read into the staged copies go up
   step_ = state.step;
   optimizer_->iterations = state.iterations;
   epoch_loss_sum_ = state.epoch_loss_sum;

@@ -138,8 +138,9 @@ class Trainer {
   // summed over the mesh, AdamW applied. fit() and train_step() both take their steps here.
   LossSums optimizer_step(const std::vector<Batch>& micro_batches, double learning_rate);
   // The parameters and AdamW slots as the checkpoint files take them: host memory. A device
-  // backend's are staged in `host` (downloaded; load_checkpoint uploads them back after reading).
-  std::vector<CheckpointTensor> checkpoint_tensors(HostStaging& host) const;
+  // backend's are staged in `host`: downloaded to save, or (`to_load`) written by the reader and
+  // uploaded by host.flush().
+  std::vector<CheckpointTensor> checkpoint_tensors(HostStaging& host, bool to_load) const;
   CheckpointState checkpoint_state() const;
 
   Backend* backend_;
