@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
 
     std::vector<float> logits(static_cast<size_t>(V));
     FloatBuffer device_logits;  // a GPU's logits, downloaded for the argmax (as generate does)
-    backend.resize(device_logits, size_t(V));
+    if (gpu) backend.resize(device_logits, size_t(V));
     auto head = [&](ConstFloats hidden) {
       lm_head(ctx, model, hidden, 1, gpu ? Floats(device_logits) : Floats(logits));
       if (gpu) backend.download(device_logits, logits);
