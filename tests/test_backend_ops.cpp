@@ -158,19 +158,29 @@ OpCase low_rank_case() {
 std::vector<OpCase> norm_cases() {
   std::vector<OpCase> cases;
   // Small rows, and enough rows × width to take the threaded path.
-  for (const std::pair<int64_t, int64_t>& shape : {std::pair<int64_t, int64_t>{3, 7}, {2, 33}, {300, 256}}) {
-    const int64_t rows = shape.first, dim = shape.second;  // named variables: lambdas capture them
+  // The model runs backward in place (dx = dy): the last shape again that way, where a backend that
+  // wrote dx before every row's ∂scale was summed would be wrong.
+  struct NormShape {
+    int64_t rows, dim;
+    bool in_place;
+  };
+  for (const NormShape& shape : {NormShape{3, 7, false}, {2, 33, false}, {300, 256, false}, {300, 256, true}}) {
+    const int64_t rows = shape.rows, dim = shape.dim;  // named variables: lambdas capture them
+    const bool in_place = shape.in_place;
     OpCase c;
-    c.name = "rmsnorm_" + std::to_string(rows) + "x" + std::to_string(dim);
+    c.name = std::string(in_place ? "rmsnorm_in_place_" : "rmsnorm_") + std::to_string(rows) + "x" + std::to_string(dim);
     c.make_inputs = [rows, dim] { return Inputs{random_vector(size_t(rows * dim), 9), random_vector(size_t(dim), 10, 0.5f)}; };
     c.forward = [rows, dim](Backend& b, Inputs& in) {
       FloatBuffer y = put(b, zeros(rows * dim));
       b.rmsnorm(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, y);
       return Inputs{get(b, y)};
     };
-    c.backward = [rows, dim](Backend& b, Inputs& in, const Values& dy) {
-      FloatBuffer dx = put(b, zeros(rows * dim)), dscale = put(b, zeros(dim));
-      b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, put(b, dy), dx, dscale);
+    c.backward = [rows, dim, in_place](Backend& b, Inputs& in, const Values& dy) {
+      FloatBuffer dx = put(b, in_place ? dy : zeros(rows * dim)), dscale = put(b, zeros(dim));
+      if (in_place)
+        b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, dx, dx, dscale);
+      else
+        b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, put(b, dy), dx, dscale);
       return Inputs{get(b, dx), get(b, dscale)};
     };
     if (rows * dim < 1000) c.differentiable = {0, 1};  // finite differences on the small ones
@@ -582,7 +592,7 @@ INSTANTIATE_TEST_SUITE_P(Registry, DeviceMemoryOps, ::testing::ValuesIn(case_nam
 class CudaOps : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaOps, CudaMatchesReference) {
-  static const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  static const std::unique_ptr<Backend> gpu = meshtune::testing::make_gpu_backend();
   expect_matches_reference(*gpu, GetParam());
 }
 

@@ -95,6 +95,8 @@ void CudaBackend::download_impl(const void* device, size_t bytes, void* host) {
 
 // ---- bf16 narrowing and widening (matmul inputs under the bf16 policies) ----
 
+namespace {  // the kernels and helpers of this file
+
 __global__ void narrow_kernel(const float* src, int64_t n, uint16_t* dst) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = f32_to_bf16(src[i]);
@@ -112,6 +114,8 @@ static void widen(CudaState& s, const uint16_t* src, int64_t n, float* dst) {
   widen_kernel<<<blocks_for(n), kThreads, 0, s.stream>>>(src, n, dst);
   check_launch("widen_bf16");
 }
+
+}  // namespace
 
 void CudaBackend::narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) { narrow(*state_, src, n, dst); }
 void CudaBackend::widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) { widen(*state_, src, n, dst); }
@@ -141,8 +145,6 @@ struct MatmulOperands {
   const void* activations = nullptr;
   cudaDataType type = CUDA_R_32F;
 };
-
-}  // namespace
 
 // W's values (code / scale, Keras' dequantization) as fp32: the input gradient goes through them.
 __global__ void dequantize_kernel(const int8_t* codes, const float* scales, int64_t n, int64_t cols, float* out) {
@@ -223,6 +225,8 @@ __global__ void int8_linear_kernel(const int8_t* xq, const float* row_max, const
   }
 }
 
+}  // namespace
+
 void CudaBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
                               const float* x_row_max) {
   if (W.dtype == DType::I8) {
@@ -265,6 +269,8 @@ void CudaBackend::linear_backward_weight_impl(const float* dy, const float* x, i
 // Σ_i x[m, i]·A_g(i, j); v[m, g, j] = Σ_o dy[m, g, o]·B(j, o). Outputs whose sum is long (over the
 // input width, the outputs of a group, the rows) are one warp each — one block for ∂B, whose sum runs
 // over every row of every group —; the others one thread each.
+
+namespace {
 
 __device__ inline double lora_a(const LowRankTerm& t, int64_t g, int64_t i, int64_t j) {
   return t.a[g * t.a_group + i * t.a_row + j * t.a_col];
@@ -342,6 +348,8 @@ __global__ void low_rank_grad_b_kernel(const double* u, const float* dy, int64_t
     if (threadIdx.x == 0) t.grad_b[j * t.b_row + o * t.b_col] += float(t.scale * acc);
   }
 }
+
+}  // namespace
 
 void CudaBackend::low_rank_impl(const float* x, int64_t M, const LowRankTerm& t, float* y) {
   auto* u = static_cast<double*>(state_->scratch_for(2, size_t(M * t.groups * t.rank) * sizeof(double)));

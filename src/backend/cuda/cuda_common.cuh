@@ -42,10 +42,14 @@ struct Cublas {
 };
 inline const Cublas& cublas() {
   static const Cublas loaded = [] {
+    Cublas c;
+#ifdef MESHTUNE_CUDA_EMULATOR  // tests/cuda_emulator: its own cuBLAS
+    auto symbol = [](const char* name) { return cuda_emulator::cublas_symbol(name); };
+#else
     const std::string soname = "libcublas.so." MESHTUNE_CUBLAS_MAJOR;
     void* lib = open_shared_library(soname, MESHTUNE_CUDA_LIBRARY_DIR, "--device cuda: cuBLAS");
-    Cublas c;
     auto symbol = [&](const char* name) { return library_symbol(lib, soname, name, "--device cuda: cuBLAS"); };
+#endif
     c.create = reinterpret_cast<decltype(c.create)>(symbol("cublasCreate_v2"));
     c.destroy = reinterpret_cast<decltype(c.destroy)>(symbol("cublasDestroy_v2"));
     c.set_stream = reinterpret_cast<decltype(c.set_stream)>(symbol("cublasSetStream_v2"));

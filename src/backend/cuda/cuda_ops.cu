@@ -57,7 +57,7 @@ __global__ void row_abs_max_kernel(const float* x, int64_t cols, float* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = m;
 }
 
-// 1/√(mean(x²) + eps) of the block's row, into inv[row] (and returned to every thread).
+// 1/√(mean(x²) + eps) of the block's row (every thread gets it).
 __device__ double row_inverse_rms(const float* xr, int64_t dim, float eps) {
   double ss = 0;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += double(xr[i]) * xr[i];
@@ -72,12 +72,19 @@ __global__ void rmsnorm_kernel(const float* x, const float* scale, int64_t dim, 
     y[blockIdx.x * dim + i] = float(double(xr[i]) * inv * (1.0 + scale[i]));
 }
 
-// n = x·inv, y = n·(1 + s): dn = dy·(1 + s); dx = inv·(dn − n·mean(dn·n)); inv kept for ∂s.
-__global__ void rmsnorm_backward_kernel(const float* x, const float* scale, int64_t dim, float eps, const float* dy,
-                                        float* dx, double* inv_out) {
+// Each row's 1/rms, for backward's two kernels.
+__global__ void rmsnorm_inverse_kernel(const float* x, int64_t dim, float eps, double* inv) {
+  const double value = row_inverse_rms(x + blockIdx.x * dim, dim, eps);
+  if (threadIdx.x == 0) inv[blockIdx.x] = value;
+}
+
+// n = x·inv, y = n·(1 + s): dn = dy·(1 + s); dx = inv·(dn − n·mean(dn·n)). dx may be dy: each value
+// is read before it is written.
+__global__ void rmsnorm_backward_kernel(const float* x, const float* scale, const double* inverse, int64_t dim,
+                                        const float* dy, float* dx) {
   const int64_t r = blockIdx.x;
   const float* xr = x + r * dim;
-  const double inv = row_inverse_rms(xr, dim, eps);
+  const double inv = inverse[r];
   double dot = 0;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
     dot += double(dy[r * dim + i]) * (1.0 + scale[i]) * double(xr[i]) * inv;
@@ -86,7 +93,6 @@ __global__ void rmsnorm_backward_kernel(const float* x, const float* scale, int6
     const double dn = double(dy[r * dim + i]) * (1.0 + scale[i]);
     dx[r * dim + i] = float(inv * (dn - double(xr[i]) * inv * dot / double(dim)));
   }
-  if (threadIdx.x == 0) inv_out[r] = inv;
 }
 
 // ∂s[i] += Σ_r dy·x·inv_r, one thread per column, rows in order.
@@ -531,8 +537,10 @@ void CudaBackend::rmsnorm_backward_impl(const float* x, const float* scale, int6
                                         const float* dy, float* dx, float* dscale) {
   if (rows == 0) return;
   auto* inv = static_cast<double*>(state_->scratch_for(kRowScratch, size_t(rows) * sizeof(double)));
-  rmsnorm_backward_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, scale, dim, eps, dy, dx, inv);
+  rmsnorm_inverse_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, dim, eps, inv);
+  // ∂s before dx: the model passes dx = dy, and ∂s sums dy over every row.
   if (dscale) rmsnorm_scale_grad_kernel<<<blocks_for(dim), kThreads, 0, state_->stream>>>(x, dy, inv, rows, dim, dscale);
+  rmsnorm_backward_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, scale, inv, dim, dy, dx);
   check_launch("rmsnorm_backward");
 }
 

@@ -1,0 +1,489 @@
+// The CUDA emulator's runtime (emulator.h says what it is for and what it checks): fibers for a
+// block's threads, the device memory, the runtime calls and cuBLAS' products.
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cublas_v2.h"
+#include "cuda_runtime.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define CUDA_EMULATOR_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUDA_EMULATOR_ASAN 1
+#endif
+#endif
+#ifdef CUDA_EMULATOR_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+namespace cuda_emulator {
+namespace {
+
+constexpr unsigned kMaxThreads = 1024;                 // per block
+constexpr size_t kDefaultSharedBytes = 48 * 1024;      // dynamic shared memory without the opt-in
+constexpr int kOptInSharedBytes = 227 * 1024;          // an H100/H200's opt-in limit per block
+constexpr size_t kStackBytes = 256 * 1024;             // per emulated thread (kernels and libm)
+
+cudaError_t last_error = cudaSuccess;
+std::string last_error_text;
+
+cudaError_t record(cudaError_t error, const std::string& text) {
+  if (last_error == cudaSuccess) last_error = error, last_error_text = text;
+  return error;
+}
+
+// ---- device memory: every allocation is known, so that copies can be checked against it ----
+
+std::map<const char*, size_t>& allocations() {
+  static std::map<const char*, size_t> blocks;
+  return blocks;
+}
+
+// Whether [p, p + bytes) lies inside one device allocation.
+bool on_device(const void* p, size_t bytes) {
+  const auto& blocks = allocations();
+  auto it = blocks.upper_bound(static_cast<const char*>(p));
+  if (it == blocks.begin()) return false;
+  --it;
+  const char* c = static_cast<const char*>(p);
+  return c >= it->first && c + bytes <= it->first + it->second;
+}
+
+// ---- a block's threads as fibers ----
+
+enum class Wait { Running, Barrier, Shuffle, Done };
+
+struct Thread {
+  ucontext_t context;
+  Wait wait = Wait::Running;
+  uint64_t offered = 0, received = 0;  // a shuffle's value, sent and got
+  size_t size = 0;
+  Shuffle kind = Shuffle::Down;
+  unsigned argument = 0, mask = 0;
+#ifdef CUDA_EMULATOR_ASAN
+  void* fake_stack = nullptr;
+#endif
+};
+
+struct Block {
+  std::vector<Thread> threads;
+  unsigned current = 0;
+  ucontext_t scheduler;
+  const std::function<void()>* body = nullptr;
+  std::vector<char> shared;
+  char* stacks = nullptr;  // kMaxThreads stacks, mapped once
+#ifdef CUDA_EMULATOR_ASAN
+  void* scheduler_fake_stack = nullptr;
+  const void* scheduler_stack = nullptr;
+  size_t scheduler_stack_size = 0;
+#endif
+};
+
+Block& block() {
+  static Block b = [] {
+    Block made;
+    void* stacks = mmap(nullptr, kMaxThreads * kStackBytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stacks == MAP_FAILED) {
+      std::fprintf(stderr, "cuda emulator: cannot map the threads' stacks\n");
+      std::abort();
+    }
+    made.stacks = static_cast<char*>(stacks);
+    made.threads.resize(kMaxThreads);
+    return made;
+  }();
+  return b;
+}
+
+// Switches from the running thread back to the scheduler (and returns when resumed).
+void yield_to_scheduler(Thread& t) {
+  Block& b = block();
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_start_switch_fiber(&t.fake_stack, b.scheduler_stack, b.scheduler_stack_size);
+#endif
+  swapcontext(&t.context, &b.scheduler);
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_finish_switch_fiber(t.fake_stack, nullptr, nullptr);
+#endif
+}
+
+void thread_main() {
+  Block& b = block();
+  Thread& t = b.threads[b.current];
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &b.scheduler_stack, &b.scheduler_stack_size);
+#endif
+  try {
+    (*b.body)();
+  } catch (const std::exception& e) {
+    record(cudaErrorLaunchFailure, std::string("a kernel thread threw: ") + e.what());
+  }
+  t.wait = Wait::Done;
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_start_switch_fiber(nullptr, b.scheduler_stack, b.scheduler_stack_size);
+#endif
+  // returning resumes uc_link: the scheduler
+}
+
+void resume(Block& b, unsigned index) {
+  Thread& t = b.threads[index];
+  b.current = index;
+  const unsigned per_row = blockDim.x, per_plane = blockDim.x * blockDim.y;
+  threadIdx = uint3{index % per_row, (index % per_plane) / per_row, index / per_plane};
+  t.wait = Wait::Running;
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_start_switch_fiber(&b.scheduler_fake_stack, b.stacks + size_t(index) * kStackBytes, kStackBytes);
+#endif
+  swapcontext(&b.scheduler, &t.context);
+#ifdef CUDA_EMULATOR_ASAN
+  __sanitizer_finish_switch_fiber(b.scheduler_fake_stack, nullptr, nullptr);
+#endif
+}
+
+// Completes the shuffle of warp w if all its lanes are at one; false if they are not (yet).
+// An error (a string) when the warp can never complete it.
+bool complete_shuffle(Block& b, unsigned w, unsigned count, std::string& error) {
+  const unsigned first = 32 * w;
+  bool any = false, all = true;
+  for (unsigned l = 0; l < 32 && first + l < count; ++l) {
+    const Wait wait = b.threads[first + l].wait;
+    any |= wait == Wait::Shuffle;
+    all &= wait == Wait::Shuffle;
+  }
+  if (!any || !all) return false;
+  if (count % 32 != 0) {
+    error = "a warp shuffle in a block of " + std::to_string(count) + " threads (not whole warps)";
+    return false;
+  }
+  for (unsigned l = 0; l < 32; ++l) {
+    Thread& t = b.threads[first + l];
+    if (t.mask != 0xffffffffu) {
+      error = "a warp shuffle with a partial mask";
+      return false;
+    }
+    if (t.kind != b.threads[first].kind || t.size != b.threads[first].size) {
+      error = "lanes of warp " + std::to_string(w) + " at different shuffles";
+      return false;
+    }
+  }
+  for (unsigned l = 0; l < 32; ++l) {
+    Thread& t = b.threads[first + l];
+    unsigned source = t.kind == Shuffle::Down ? l + t.argument : (l ^ t.argument);
+    if (source >= 32) source = l;  // shfl_down past the warp's end keeps the lane's own value
+    t.received = b.threads[first + source].offered;
+    t.wait = Wait::Running;
+  }
+  return true;
+}
+
+// Why the block cannot go on (threads waiting that nothing will release), for the launch error.
+std::string stuck_block(const Block& b, unsigned count) {
+  unsigned barrier = 0, shuffle = 0, done = 0;
+  for (unsigned i = 0; i < count; ++i) {
+    barrier += b.threads[i].wait == Wait::Barrier;
+    shuffle += b.threads[i].wait == Wait::Shuffle;
+    done += b.threads[i].wait == Wait::Done;
+  }
+  return "block stuck: " + std::to_string(barrier) + " threads at __syncthreads, " + std::to_string(shuffle) +
+         " at a warp shuffle, " + std::to_string(done) + " exited (of " + std::to_string(count) +
+         ") — a barrier or full-mask shuffle that not every thread reaches";
+}
+
+// Runs one block to its end; false (with `error`) if it gets stuck.
+bool run_block(Block& b, unsigned count, std::string& error) {
+  for (unsigned i = 0; i < count; ++i) {
+    Thread& t = b.threads[i];
+    getcontext(&t.context);
+    t.context.uc_stack.ss_sp = b.stacks + size_t(i) * kStackBytes;
+    t.context.uc_stack.ss_size = kStackBytes;
+    t.context.uc_link = &b.scheduler;
+    makecontext(&t.context, thread_main, 0);
+    t.wait = Wait::Running;
+  }
+  for (;;) {
+    for (unsigned i = 0; i < count; ++i)
+      if (b.threads[i].wait == Wait::Running) resume(b, i);
+    bool released = false;
+    for (unsigned w = 0; 32 * w < count; ++w) released |= complete_shuffle(b, w, count, error);
+    if (!error.empty()) return false;
+    if (released) continue;
+    unsigned at_barrier = 0, done = 0;
+    for (unsigned i = 0; i < count; ++i) {
+      at_barrier += b.threads[i].wait == Wait::Barrier;
+      done += b.threads[i].wait == Wait::Done;
+    }
+    if (done == count) return true;
+    if (at_barrier == count) {
+      for (unsigned i = 0; i < count; ++i) b.threads[i].wait = Wait::Running;
+      continue;
+    }
+    error = stuck_block(b, count);
+    return false;
+  }
+}
+
+std::unordered_map<const void*, int>& max_dynamic_shared() {
+  static std::unordered_map<const void*, int> limits;
+  return limits;
+}
+
+}  // namespace
+
+void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* kernel,
+                const std::function<void()>& thread) {
+  const uint64_t threads = uint64_t(block_shape.x) * block_shape.y * block_shape.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    record(cudaErrorInvalidConfiguration, "a launch of " + std::to_string(grid.x) + " x " + std::to_string(grid.y) +
+                                              " x " + std::to_string(grid.z) + " blocks");
+    return;
+  }
+  if (threads == 0 || threads > kMaxThreads || block_shape.z > 64) {
+    record(cudaErrorInvalidConfiguration, "a launch of blocks of " + std::to_string(threads) + " threads");
+    return;
+  }
+  const auto raised = max_dynamic_shared().find(kernel);
+  const size_t allowed = raised != max_dynamic_shared().end() ? size_t(raised->second) : kDefaultSharedBytes;
+  if (shared_bytes > allowed) {
+    record(cudaErrorInvalidValue, "a launch with " + std::to_string(shared_bytes) +
+                                      " bytes of dynamic shared memory, more than the kernel's " +
+                                      std::to_string(allowed));
+    return;
+  }
+  Block& b = block();
+  b.body = &thread;
+  b.shared.assign(shared_bytes + 1, char(0x7f));  // not zero: a kernel must not read what it did not write
+  gridDim = grid;
+  blockDim = block_shape;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        blockIdx = uint3{x, y, z};
+        std::string error;
+        if (!run_block(b, unsigned(threads), error)) {
+          record(cudaErrorLaunchFailure, "block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
+                                             std::to_string(z) + "): " + error);
+          return;
+        }
+      }
+}
+
+cudaError_t set_function_attribute(const void* kernel, int attribute, int value) {
+  if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > kOptInSharedBytes)
+    return record(cudaErrorInvalidValue, "cudaFuncSetAttribute(" + std::to_string(attribute) + ", " +
+                                             std::to_string(value) + ")");
+  max_dynamic_shared()[kernel] = value;
+  return cudaSuccess;
+}
+
+void* dynamic_shared_bytes() { return block().shared.data(); }
+
+uint64_t shuffle(unsigned mask, uint64_t bits, size_t size, Shuffle kind, unsigned argument) {
+  Block& b = block();
+  Thread& t = b.threads[b.current];
+  t.mask = mask, t.offered = bits, t.size = size, t.kind = kind, t.argument = argument;
+  t.wait = Wait::Shuffle;
+  yield_to_scheduler(t);
+  return t.received;
+}
+
+// ---- cuBLAS: C = α·op(A)·op(B) + β·C, column-major, fp32 or bf16 inputs, fp32 C ----
+
+namespace {
+
+float element(const void* base, cudaDataType type, int64_t index) {
+  if (type == CUDA_R_32F) return static_cast<const float*>(base)[index];
+  uint32_t u = uint32_t(static_cast<const uint16_t*>(base)[index]) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+cublasStatus_t gemm_checked(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType Atype, int lda, long long strideA, const void* B,
+                            cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C,
+                            cudaDataType Ctype, int ldc, long long strideC, int batch, cublasComputeType_t compute) {
+  const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) ||
+      ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (Atype != Btype || (Atype != CUDA_R_32F && Atype != CUDA_R_16BF) || Ctype != CUDA_R_32F ||
+      compute != CUBLAS_COMPUTE_32F)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const float a = *static_cast<const float*>(alpha), bt = *static_cast<const float*>(beta);
+  const size_t in_size = Atype == CUDA_R_32F ? 4 : 2;
+  for (int64_t batch_index = 0; batch_index < batch; ++batch_index) {
+    const char* Ab = static_cast<const char*>(A) + batch_index * strideA * int64_t(in_size);
+    const char* Bb = static_cast<const char*>(B) + batch_index * strideB * int64_t(in_size);
+    float* Cb = static_cast<float*>(C) + batch_index * strideC;
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        double sum = 0;
+        for (int l = 0; l < k; ++l) {
+          const float x = element(Ab, Atype, ta == CUBLAS_OP_N ? i + int64_t(l) * lda : l + int64_t(i) * lda);
+          const float y = element(Bb, Btype, tb == CUBLAS_OP_N ? l + int64_t(j) * ldb : j + int64_t(l) * ldb);
+          sum += double(x) * double(y);
+        }
+        float& c = Cb[i + int64_t(j) * ldc];
+        c = bt == 0.f ? float(a * sum) : float(a * sum + double(bt) * c);  // β = 0: C is not read
+      }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+struct cublasContextState {
+  bool created = true;
+};
+
+}  // namespace
+
+void* cublas_symbol(const char* name) {
+  static const std::map<std::string, void*> symbols = {
+      {"cublasCreate_v2", reinterpret_cast<void*>(&cublasCreate_v2)},
+      {"cublasDestroy_v2", reinterpret_cast<void*>(&cublasDestroy_v2)},
+      {"cublasSetStream_v2", reinterpret_cast<void*>(&cublasSetStream_v2)},
+      {"cublasSetMathMode", reinterpret_cast<void*>(&cublasSetMathMode)},
+      {"cublasGemmEx", reinterpret_cast<void*>(&cublasGemmEx)},
+      {"cublasGemmStridedBatchedEx", reinterpret_cast<void*>(&cublasGemmStridedBatchedEx)},
+  };
+  const auto it = symbols.find(name);
+  return it == symbols.end() ? nullptr : it->second;
+}
+
+}  // namespace cuda_emulator
+
+using namespace cuda_emulator;
+
+// ---- the runtime ----
+
+void __syncthreads() {
+  Block& b = block();
+  Thread& t = b.threads[b.current];
+  t.wait = Wait::Barrier;
+  yield_to_scheduler(t);
+}
+
+int __dp4a(int a, int b, int c) {
+  int sum = c;
+  for (int i = 0; i < 4; ++i) sum += int(int8_t(uint32_t(a) >> (8 * i))) * int(int8_t(uint32_t(b) >> (8 * i)));
+  return sum;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) + ")");
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return record(cudaErrorInvalidDevice, "cudaGetDeviceProperties");
+  std::snprintf(prop->name, sizeof prop->name, "%s", "CUDA emulator");
+  prop->totalGlobalMem = size_t(16) << 30;
+  prop->major = 9, prop->minor = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+  if (attribute != cudaDevAttrMaxSharedMemoryPerBlockOptin) return record(cudaErrorInvalidValue, "cudaDeviceGetAttribute");
+  *value = kOptInSharedBytes;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  static char the_stream;
+  *stream = reinterpret_cast<cudaStream_t>(&the_stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }  // every call ran to its end
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  void* memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (!memory) return record(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(bytes) + ")");
+  // Fresh device memory is not zero: fill it with a NaN pattern so that reading unwritten memory shows.
+  std::memset(memory, 0xff, bytes);
+  allocations()[static_cast<const char*>(memory)] = bytes;
+  *p = memory;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  auto it = allocations().find(static_cast<const char*>(p));
+  if (it == allocations().end()) return record(cudaErrorInvalidValue, "cudaFree of memory cudaMalloc did not give");
+  allocations().erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  if ((src_device && !on_device(src, bytes)) || (dst_device && !on_device(dst, bytes)))
+    return record(cudaErrorInvalidValue, "cudaMemcpyAsync of " + std::to_string(bytes) +
+                                             " bytes outside a device allocation (kind " + std::to_string(int(kind)) +
+                                             ")");
+  if (!src_device && on_device(src, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host source on the device");
+  if (!dst_device && on_device(dst, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host target on the device");
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+  if (!on_device(p, bytes))
+    return record(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(bytes) + " bytes outside a device allocation");
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t error = last_error;
+  last_error = cudaSuccess;
+  return error;
+}
+const char* cudaGetErrorString(cudaError_t error) {
+  static std::string text;
+  text = error == cudaSuccess ? "no error" : "CUDA emulator: " + (last_error_text.empty() ? "error" : last_error_text);
+  if (error != cudaSuccess) last_error_text.clear();
+  return text.c_str();
+}
+
+// ---- cuBLAS ----
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
+  *handle = reinterpret_cast<cublasHandle_t>(new cuda_emulator::cublasContextState);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
+  delete reinterpret_cast<cuda_emulator::cublasContextState*>(handle);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t) {
+  return handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  return mode == CUBLAS_DEFAULT_MATH ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;  // no TF32 here
+}
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void* alpha, const void* A, cudaDataType Atype, int lda, const void* B,
+                            cudaDataType Btype, int ldb, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  return gemm_checked(transa, transb, m, n, k, alpha, A, Atype, lda, 0, B, Btype, ldb, 0, beta, C, Ctype, ldc, 0, 1,
+                      compute);
+}
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                          int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                          int lda, long long strideA, const void* B, cudaDataType Btype, int ldb,
+                                          long long strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long strideC, int batchCount, cublasComputeType_t compute,
+                                          cublasGemmAlgo_t) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  return gemm_checked(transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB, beta, C, Ctype,
+                      ldc, strideC, batchCount, compute);
+}

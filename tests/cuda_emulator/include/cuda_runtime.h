@@ -1,0 +1,82 @@
+// Stand-in for CUDA's runtime header, for the CUDA emulator (tests/cuda_emulator/emulator.h): the
+// CUDA backend's sources compiled as host C++ and run on the CPU, so that its kernels are tested on
+// machines without a GPU. Declares only what src/backend/cuda uses; emulator.cpp implements it.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+// Qualifiers: host functions; a kernel's __shared__ arrays are static (blocks run one at a time).
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x = 1, unsigned y = 1, unsigned z = 1) : x(x), y(y), z(z) {}
+};
+
+// The running thread's coordinates (set by the emulator before it resumes a thread).
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+enum cudaError {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorLaunchFailure = 719,
+};
+typedef cudaError cudaError_t;
+
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;
+#define cudaStreamNonBlocking 0x01
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+typedef cudaDataType_t cudaDataType;
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  int major, minor;
+};
+
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaMalloc(void** p, size_t bytes);
+cudaError_t cudaFree(void* p);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream);
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorString(cudaError_t error);
+
+#include "emulator.h"  // kernel launches, __syncthreads, warp shuffles
+
+template <class Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel kernel, cudaFuncAttribute attribute, int value) {
+  return cuda_emulator::set_function_attribute(reinterpret_cast<const void*>(kernel), int(attribute), value);
+}
+
+// Device math the kernels call unqualified (CUDA declares these in the global namespace).
+using std::isfinite;
+int __dp4a(int a, int b, int c);  // Σ of the four signed byte products of a and b, plus c
