@@ -1,7 +1,6 @@
 // The CUDA emulator's runtime (emulator.h says what it is for and what it checks): fibers for a
 // block's threads, the device memory, the runtime calls and cuBLAS' products.
 #include <sys/mman.h>
-#include <ucontext.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -35,7 +34,7 @@ constexpr int kOptInSharedBytes = 227 * 1024;          // an H100/H200's opt-in 
 constexpr size_t kStackBytes = 256 * 1024;             // per emulated thread (kernels and libm)
 
 cudaError_t last_error = cudaSuccess;
-std::string last_error_text;
+std::string& last_error_text = *new std::string;  // never destroyed (see allocations())
 
 cudaError_t record(cudaError_t error, const std::string& text) {
   if (last_error == cudaSuccess) last_error = error, last_error_text = text;
@@ -44,9 +43,11 @@ cudaError_t record(cudaError_t error, const std::string& text) {
 
 // ---- device memory: every allocation is known, so that copies can be checked against it ----
 
+// The emulator's state is never destroyed: a backend held in a static (as the op registry's is) frees
+// its memory after other statics are gone.
 std::map<const char*, size_t>& allocations() {
-  static std::map<const char*, size_t> blocks;
-  return blocks;
+  static auto* blocks = new std::map<const char*, size_t>;
+  return *blocks;
 }
 
 // Whether [p, p + bytes) lies inside one device allocation.
@@ -60,11 +61,45 @@ bool on_device(const void* p, size_t bytes) {
 }
 
 // ---- a block's threads as fibers ----
+// One fiber per thread slot of a block, made when first needed and reused by every later block (a
+// kernel thread that ends waits for the next one), switched by `switch_stack` below: six registers
+// and the stack pointer, no system call (swapcontext's signal-mask calls made the emulated tests
+// twice as slow).
+
+#if !defined(__x86_64__)
+#error "the CUDA emulator's fiber switch is written for x86-64"
+#endif
+
+// Saves the callee-saved registers on the running stack, stores its stack pointer in *save, loads
+// `next` and returns into whatever saved it (or into a new fiber's entry, see fresh_stack).
+extern "C" void cuda_emulator_switch_stack(void** save, void* next);
+asm(R"(
+  .text
+  .globl cuda_emulator_switch_stack
+  .type cuda_emulator_switch_stack, @function
+cuda_emulator_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size cuda_emulator_switch_stack, .-cuda_emulator_switch_stack
+)");
 
 enum class Wait { Running, Barrier, Shuffle, Done };
 
 struct Thread {
-  ucontext_t context;
+  void* stack_pointer = nullptr;  // where the fiber stopped; nullptr: not made (or abandoned)
   Wait wait = Wait::Running;
   uint64_t offered = 0, received = 0;  // a shuffle's value, sent and got
   size_t size = 0;
@@ -78,7 +113,7 @@ struct Thread {
 struct Block {
   std::vector<Thread> threads;
   unsigned current = 0;
-  ucontext_t scheduler;
+  void* scheduler = nullptr;  // the scheduler's stack pointer while a fiber runs
   const std::function<void()>* body = nullptr;
   std::vector<char> shared;
   char* stacks = nullptr;  // kMaxThreads stacks, mapped once
@@ -90,16 +125,16 @@ struct Block {
 };
 
 Block& block() {
-  static Block b = [] {
-    Block made;
+  static Block& b = *[] {
+    auto* made = new Block;
     void* stacks = mmap(nullptr, kMaxThreads * kStackBytes, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (stacks == MAP_FAILED) {
       std::fprintf(stderr, "cuda emulator: cannot map the threads' stacks\n");
       std::abort();
     }
-    made.stacks = static_cast<char*>(stacks);
-    made.threads.resize(kMaxThreads);
+    made->stacks = static_cast<char*>(stacks);
+    made->threads.resize(kMaxThreads);
     return made;
   }();
   return b;
@@ -111,40 +146,53 @@ void yield_to_scheduler(Thread& t) {
 #ifdef CUDA_EMULATOR_ASAN
   __sanitizer_start_switch_fiber(&t.fake_stack, b.scheduler_stack, b.scheduler_stack_size);
 #endif
-  swapcontext(&t.context, &b.scheduler);
+  cuda_emulator_switch_stack(&t.stack_pointer, b.scheduler);
 #ifdef CUDA_EMULATOR_ASAN
   __sanitizer_finish_switch_fiber(t.fake_stack, nullptr, nullptr);
 #endif
 }
 
-void thread_main() {
+// A fiber's life: run the kernel for the thread the scheduler resumed it as, report Done, wait for
+// the next block. Never returns.
+void fiber_main() {
   Block& b = block();
-  Thread& t = b.threads[b.current];
 #ifdef CUDA_EMULATOR_ASAN
   __sanitizer_finish_switch_fiber(nullptr, &b.scheduler_stack, &b.scheduler_stack_size);
 #endif
-  try {
-    (*b.body)();
-  } catch (const std::exception& e) {
-    record(cudaErrorLaunchFailure, std::string("a kernel thread threw: ") + e.what());
+  for (;;) {
+    Thread& t = b.threads[b.current];
+    try {
+      (*b.body)();
+    } catch (const std::exception& e) {
+      record(cudaErrorLaunchFailure, std::string("a kernel thread threw: ") + e.what());
+    }
+    t.wait = Wait::Done;
+    yield_to_scheduler(t);
   }
-  t.wait = Wait::Done;
-#ifdef CUDA_EMULATOR_ASAN
-  __sanitizer_start_switch_fiber(nullptr, b.scheduler_stack, b.scheduler_stack_size);
-#endif
-  // returning resumes uc_link: the scheduler
+}
+
+// A new fiber's stack: switch_stack's six registers (zero) over fiber_main's address, which its
+// `ret` jumps to with the stack aligned as after a call.
+void* fresh_stack(char* bottom) {
+  auto* top = reinterpret_cast<uintptr_t*>(bottom + kStackBytes);  // 16-byte aligned
+  top[-1] = 0;                                         // fiber_main's return address: never used
+  top[-2] = reinterpret_cast<uintptr_t>(&fiber_main);  // where the first switch's ret goes
+  for (int r = 3; r <= 8; ++r) top[-r] = 0;            // rbp, rbx, r12–r15
+  return top - 8;
 }
 
 void resume(Block& b, unsigned index) {
   Thread& t = b.threads[index];
+  char* stack = b.stacks + size_t(index) * kStackBytes;
+  if (!t.stack_pointer) t.stack_pointer = fresh_stack(stack);
   b.current = index;
   const unsigned per_row = blockDim.x, per_plane = blockDim.x * blockDim.y;
   threadIdx = uint3{index % per_row, (index % per_plane) / per_row, index / per_plane};
   t.wait = Wait::Running;
 #ifdef CUDA_EMULATOR_ASAN
-  __sanitizer_start_switch_fiber(&b.scheduler_fake_stack, b.stacks + size_t(index) * kStackBytes, kStackBytes);
+  __sanitizer_start_switch_fiber(&b.scheduler_fake_stack, stack, kStackBytes);
 #endif
-  swapcontext(&b.scheduler, &t.context);
+  cuda_emulator_switch_stack(&b.scheduler, t.stack_pointer);
 #ifdef CUDA_EMULATOR_ASAN
   __sanitizer_finish_switch_fiber(b.scheduler_fake_stack, nullptr, nullptr);
 #endif
@@ -201,21 +249,13 @@ std::string stuck_block(const Block& b, unsigned count) {
 
 // Runs one block to its end; false (with `error`) if it gets stuck.
 bool run_block(Block& b, unsigned count, std::string& error) {
-  for (unsigned i = 0; i < count; ++i) {
-    Thread& t = b.threads[i];
-    getcontext(&t.context);
-    t.context.uc_stack.ss_sp = b.stacks + size_t(i) * kStackBytes;
-    t.context.uc_stack.ss_size = kStackBytes;
-    t.context.uc_link = &b.scheduler;
-    makecontext(&t.context, thread_main, 0);
-    t.wait = Wait::Running;
-  }
+  for (unsigned i = 0; i < count; ++i) b.threads[i].wait = Wait::Running;
   for (;;) {
     for (unsigned i = 0; i < count; ++i)
       if (b.threads[i].wait == Wait::Running) resume(b, i);
     bool released = false;
     for (unsigned w = 0; 32 * w < count; ++w) released |= complete_shuffle(b, w, count, error);
-    if (!error.empty()) return false;
+    if (!error.empty()) break;
     if (released) continue;
     unsigned at_barrier = 0, done = 0;
     for (unsigned i = 0; i < count; ++i) {
@@ -228,13 +268,15 @@ bool run_block(Block& b, unsigned count, std::string& error) {
       continue;
     }
     error = stuck_block(b, count);
-    return false;
+    break;
   }
+  for (unsigned i = 0; i < count; ++i) b.threads[i].stack_pointer = nullptr;  // abandoned mid-kernel
+  return false;
 }
 
 std::unordered_map<const void*, int>& max_dynamic_shared() {
-  static std::unordered_map<const void*, int> limits;
-  return limits;
+  static auto* limits = new std::unordered_map<const void*, int>;
+  return *limits;
 }
 
 }  // namespace
@@ -347,7 +389,7 @@ struct cublasContextState {
 }  // namespace
 
 void* cublas_symbol(const char* name) {
-  static const std::map<std::string, void*> symbols = {
+  static const auto* symbols = new std::map<std::string, void*>{
       {"cublasCreate_v2", reinterpret_cast<void*>(&cublasCreate_v2)},
       {"cublasDestroy_v2", reinterpret_cast<void*>(&cublasDestroy_v2)},
       {"cublasSetStream_v2", reinterpret_cast<void*>(&cublasSetStream_v2)},
@@ -355,8 +397,8 @@ void* cublas_symbol(const char* name) {
       {"cublasGemmEx", reinterpret_cast<void*>(&cublasGemmEx)},
       {"cublasGemmStridedBatchedEx", reinterpret_cast<void*>(&cublasGemmStridedBatchedEx)},
   };
-  const auto it = symbols.find(name);
-  return it == symbols.end() ? nullptr : it->second;
+  const auto it = symbols->find(name);
+  return it == symbols->end() ? nullptr : it->second;
 }
 
 }  // namespace cuda_emulator
@@ -446,7 +488,7 @@ cudaError_t cudaGetLastError() {
   return error;
 }
 const char* cudaGetErrorString(cudaError_t error) {
-  static std::string text;
+  static std::string& text = *new std::string;
   text = error == cudaSuccess ? "no error" : "CUDA emulator: " + (last_error_text.empty() ? "error" : last_error_text);
   if (error != cudaSuccess) last_error_text.clear();
   return text.c_str();
