@@ -448,8 +448,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }  // every call ran to its end
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  void* memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-  if (!memory) return record(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(bytes) + ")");
+  // Exactly `bytes` (cudaMalloc rounds up; AddressSanitizer then sees a kernel's overrun at once).
+  void* memory = nullptr;
+  if (posix_memalign(&memory, 256, bytes == 0 ? 1 : bytes) != 0) return record(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(bytes) + ")");
   // Fresh device memory is not zero: fill it with a NaN pattern so that reading unwritten memory shows.
   std::memset(memory, 0xff, bytes);
   allocations()[static_cast<const char*>(memory)] = bytes;
