@@ -281,22 +281,22 @@ std::unordered_map<const void*, int>& max_dynamic_shared() {
 
 }  // namespace
 
-void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* kernel,
+void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* kernel, const char* name,
                 const std::function<void()>& thread) {
   const uint64_t threads = uint64_t(block_shape.x) * block_shape.y * block_shape.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
-    record(cudaErrorInvalidConfiguration, "a launch of " + std::to_string(grid.x) + " x " + std::to_string(grid.y) +
+    record(cudaErrorInvalidConfiguration, std::string(name) + ": a launch of " + std::to_string(grid.x) + " x " + std::to_string(grid.y) +
                                               " x " + std::to_string(grid.z) + " blocks");
     return;
   }
   if (threads == 0 || threads > kMaxThreads || block_shape.z > 64) {
-    record(cudaErrorInvalidConfiguration, "a launch of blocks of " + std::to_string(threads) + " threads");
+    record(cudaErrorInvalidConfiguration, std::string(name) + ": a launch of blocks of " + std::to_string(threads) + " threads");
     return;
   }
   const auto raised = max_dynamic_shared().find(kernel);
   const size_t allowed = raised != max_dynamic_shared().end() ? size_t(raised->second) : kDefaultSharedBytes;
   if (shared_bytes > allowed) {
-    record(cudaErrorInvalidValue, "a launch with " + std::to_string(shared_bytes) +
+    record(cudaErrorInvalidValue, std::string(name) + ": a launch with " + std::to_string(shared_bytes) +
                                       " bytes of dynamic shared memory, more than the kernel's " +
                                       std::to_string(allowed));
     return;
@@ -312,7 +312,7 @@ void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* ke
         blockIdx = uint3{x, y, z};
         std::string error;
         if (!run_block(b, unsigned(threads), error)) {
-          record(cudaErrorLaunchFailure, "block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
+          record(cudaErrorLaunchFailure, std::string(name) + ", block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
                                              std::to_string(z) + "): " + error);
           return;
         }
@@ -325,6 +325,13 @@ cudaError_t set_function_attribute(const void* kernel, int attribute, int value)
                                              std::to_string(value) + ")");
   max_dynamic_shared()[kernel] = value;
   return cudaSuccess;
+}
+
+bool device_pointer(const void* p) { return on_device(p, 0); }
+
+void record_bad_argument(const char* kernel, size_t index) {
+  record(cudaErrorInvalidValue, std::string(kernel) + ": argument " + std::to_string(index) +
+                                    " points outside device memory (host memory on a GPU faults)");
 }
 
 void* dynamic_shared_bytes() { return block().shared.data(); }

@@ -359,7 +359,7 @@ __global__ void softmax_row_max_kernel(const float* z, int64_t n, int64_t cols, 
   __syncthreads();
   if (threadIdx.x == 0) {
     int64_t best = -1;
-    for (int t = 0; t < blockDim.x; ++t) {
+    for (unsigned t = 0; t < blockDim.x; ++t) {
       const int64_t c = best_index[t];
       if (c < 0) continue;
       if (best < 0 || row[c] > row[best] || (row[c] == row[best] && c < best)) best = c;

@@ -15,19 +15,21 @@
 //
 // The CUDA sources are translated for it by tests/cuda_emulator/translate.cmake:
 // `kernel<<<grid, block, shared, stream>>>(args)` becomes
-// `cuda_emulator::launch(grid, block, shared, stream)(kernel)(args)`, and `extern __shared__ T x[];`
+// `cuda_emulator::launch(grid, block, shared, stream)(kernel, "kernel")(args)`, and `extern __shared__ T x[];`
 // the block's dynamic shared memory.
 #pragma once
 #include <cstring>
 #include <functional>
 #include <tuple>
+#include <type_traits>
 
 namespace cuda_emulator {
 
 // Runs `thread` (a kernel with its arguments bound) for every thread of every block of the launch;
 // a bad launch or a stuck block is recorded for cudaGetLastError. `kernel` identifies the function
 // (for its attributes).
-void run_kernel(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel, const std::function<void()>& thread);
+void run_kernel(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel, const char* name,
+                const std::function<void()>& thread);
 
 cudaError_t set_function_attribute(const void* kernel, int attribute, int value);
 
@@ -38,6 +40,22 @@ T* dynamic_shared() {
   return static_cast<T*>(dynamic_shared_bytes());
 }
 
+// Whether p points into (or just past) a device allocation. A kernel's pointer arguments must (or be
+// null): a host pointer handed to a kernel is a launch error here, as it would fault on a GPU.
+bool device_pointer(const void* p);
+void record_bad_argument(const char* kernel, size_t index);
+
+template <class T>
+bool argument_ok(const char* kernel, size_t index, const T& value) {
+  if constexpr (std::is_pointer_v<T>) {
+    if (value != nullptr && !device_pointer(value)) {
+      record_bad_argument(kernel, index);
+      return false;
+    }
+  }
+  return true;
+}
+
 // Warp shuffles: the running lane offers `bits` and gets its source lane's.
 enum class Shuffle { Down, Xor };
 uint64_t shuffle(unsigned mask, uint64_t bits, size_t size, Shuffle kind, unsigned argument);
@@ -46,13 +64,20 @@ struct Launch {
   dim3 grid, block;
   size_t shared_bytes;
 
-  // The launch of `kernel`: called with the kernel's arguments, which it converts and copies as a
-  // real launch does, then runs the grid.
+  // The launch of `kernel` (`name` for messages): called with the kernel's arguments, which it
+  // converts and copies as a real launch does, then runs the grid.
   template <class... Params>
-  auto operator()(void (*kernel)(Params...)) const {
-    return [launch = *this, kernel](auto&&... args) {
+  auto operator()(void (*kernel)(Params...), const char* name) const {
+    return [launch = *this, kernel, name](auto&&... args) {
       const std::tuple<Params...> params(args...);
-      run_kernel(launch.grid, launch.block, launch.shared_bytes, reinterpret_cast<const void*>(kernel),
+      const bool pointers_ok = std::apply(
+          [&](const auto&... value) {
+            size_t index = 0;
+            return (argument_ok(name, index++, value) && ...);
+          },
+          params);
+      if (!pointers_ok) return;
+      run_kernel(launch.grid, launch.block, launch.shared_bytes, reinterpret_cast<const void*>(kernel), name,
                  [&] { std::apply(kernel, params); });
     };
   }
