@@ -47,15 +47,26 @@ GeneratedIds generate_ids(const Context& ctx, const GemmaModel& model, std::vect
   }
   FloatBuffer step_logits;
   backend.resize(step_logits, size_t(B * V));
-  std::vector<float> logits(size_t(B * V));  // the sampler's, on the host: one crossing per step
+  // One crossing to the host per step: greedy (the default) takes each row's argmax where the logits
+  // are — softmax_row_max, the first index on ties as the sampler's max_element — and brings back
+  // two values per row; the other samplers bring back the logits (1 MB per row for a 256k vocabulary).
+  const bool greedy = options.sampler.name == "greedy";
+  SoftmaxRows row_max;
+  std::vector<float> max_and_argmax(size_t(2 * B));
+  std::vector<float> logits(greedy ? 0 : size_t(B * V));
   for (int64_t index = start; index < L && !all_stopped(); ++index) {
     for (int64_t b = 0; b < B; ++b) step_tokens[b] = ids[b][index - 1];
     const FloatBuffer& hidden = backbone_forward(ctx, model, step_tokens.data(), B, 1, index - 1, cache, ws);
     lm_head(ctx, model, hidden, B, step_logits);
-    backend.download(step_logits, logits);
+    if (greedy) {
+      backend.softmax_row_max(step_logits, B, V, 0, row_max);
+      backend.download(row_max.max_and_argmax, max_and_argmax);
+    } else {
+      backend.download(step_logits, logits);
+    }
     for (int64_t b = 0; b < B; ++b) {
       if (mask[b][index]) continue;  // still inside this row's prompt: keep the prompt token
-      ids[b][index] = sampler.sample(logits.data() + b * V, int(V));
+      ids[b][index] = greedy ? int32_t(max_and_argmax[size_t(B + b)]) : sampler.sample(logits.data() + b * V, int(V));
       if (is_stop(ids[b][index])) stopped[b] = 1;
     }
   }
