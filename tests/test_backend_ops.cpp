@@ -592,7 +592,7 @@ INSTANTIATE_TEST_SUITE_P(Registry, DeviceMemoryOps, ::testing::ValuesIn(case_nam
 class CudaOps : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaOps, CudaMatchesReference) {
-  static const std::unique_ptr<Backend> gpu = meshtune::testing::make_gpu_backend();
+  static const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   expect_matches_reference(*gpu, GetParam());
 }
 

@@ -303,12 +303,12 @@ TEST(Cuda, ForwardLogitsMatchTheCpu) {
   const GemmaModel host = gemma2_tiny();
   const SmallBatch batch(host.config.vocab_size);
   CpuBackend cpu;
-  const std::unique_ptr<Backend> gpu = meshtune::testing::make_gpu_backend();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   EXPECT_LE(max_relative_error(logits_on(*gpu, host, batch), logits_on(cpu, host, batch)), 1e-4);
 }
 
 TEST(Cuda, Int8LayersEqualKerasBitForBit) {
-  const std::unique_ptr<Backend> gpu = meshtune::testing::make_gpu_backend();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   expect_int8_layers_equal_keras(*gpu);
 }
 
@@ -318,7 +318,7 @@ TEST(Cuda, Int8ForwardLogitsMatchTheCpu) {
     if (WeightMatrix* w = host.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
   const SmallBatch batch(host.config.vocab_size);
   CpuBackend cpu;
-  const std::unique_ptr<Backend> gpu = meshtune::testing::make_gpu_backend();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   EXPECT_LE(max_relative_error(logits_on(*gpu, host, batch), logits_on(cpu, host, batch)), 1e-4);
 }
 
@@ -326,7 +326,7 @@ TEST(Cuda, TrainingPassMatchesTheCpu) {
   const GemmaModel host = gemma2_tiny();
   const SmallBatch batch(host.config.vocab_size);
   CpuBackend cpu;
-  const std::unique_ptr<Backend> gpu = meshtune::testing::make_gpu_backend();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   const StepResult want = step_on(cpu, host, batch), got = step_on(*gpu, host, batch);
   EXPECT_NEAR(got.sums.weighted_ce, want.sums.weighted_ce, 1e-4 * std::abs(want.sums.weighted_ce));
   EXPECT_EQ(got.sums.weighted_correct, want.sums.weighted_correct);
@@ -341,7 +341,7 @@ TEST(Cuda, TrainerStepsMatchTheCpu) {
   const SmallBatch batch(host.config.vocab_size);
   for (bool lora : {true, false}) {
     CpuBackend cpu;
-    const std::unique_ptr<Backend> gpu = meshtune::testing::make_gpu_backend();
+    const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
     const auto want = fit_on(cpu, host, batch, lora), got = fit_on(*gpu, host, batch, lora);
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i)
@@ -352,7 +352,7 @@ TEST(Cuda, TrainerStepsMatchTheCpu) {
 TEST(Cuda, GreedyGenerationMatchesTheCpu) {
   const GemmaModel host = gemma2_tiny();
   CpuBackend cpu;
-  const std::unique_ptr<Backend> gpu = meshtune::testing::make_gpu_backend();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   const GeneratedIds want = greedy_on(cpu, host), got = greedy_on(*gpu, host);
   EXPECT_EQ(got.token_ids, want.token_ids);
 }
@@ -360,7 +360,7 @@ TEST(Cuda, GreedyGenerationMatchesTheCpu) {
 TEST(Cuda, AStepOfASeenShapeAllocatesNothing) {
   const GemmaModel host = gemma2_tiny();
   const SmallBatch batch(host.config.vocab_size);
-  const std::unique_ptr<Backend> gpu = meshtune::testing::make_gpu_backend();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   FitOptions options;
   Trainer trainer(*gpu, MatmulPrecision::F32, upload_model(host, *gpu),
                   enable_lora(host.config, 2, {Slot::Query, Slot::Value}, 3), options);

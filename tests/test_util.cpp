@@ -4,10 +4,6 @@
 #include "backend/cuda_devices.h"
 #include "backend/reference_backend.h"
 
-#ifdef MESHTUNE_CUDA_EMULATOR
-#include "emulated_backend.h"
-#endif
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -174,19 +170,7 @@ double max_relative_error(const std::vector<float>& got, const std::vector<float
   return worst;
 }
 
-std::unique_ptr<Backend> make_gpu_backend() {
-#ifdef MESHTUNE_CUDA_EMULATOR
-  return make_emulated_cuda_backend();
-#else
-  return make_cuda_backend(0);
-#endif
-}
-
 int run_gpu_tests(int argc, char** argv) {
-#ifdef MESHTUNE_CUDA_EMULATOR
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-#endif
   const CudaSystem system = cuda_system();
   if (system.gpus.empty()) {
     std::printf("skipped: no GPU to test on (%s)\n", system.unavailable.c_str());

@@ -1,7 +1,6 @@
 // Helpers shared by the tests: fixture paths, temp dirs, running the CLI.
 #pragma once
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -76,11 +75,8 @@ NextTokenBatch fixture_next_token_batch();
 // max over i of |got − want| / max(1, |want|) (infinite for a NaN or a size mismatch).
 double max_relative_error(const std::vector<float>& got, const std::vector<float>& want);
 // main() of a GPU test executable (ctest label gpu): runs its tests when a GPU is usable, else says
-// why and returns 77, which ctest reports as skipped. Built for the CUDA emulator
-// (MESHTUNE_CUDA_EMULATOR, tests/cuda_emulator) it always runs them.
+// why and returns 77, which ctest reports as skipped.
 int run_gpu_tests(int argc, char** argv);
-// The backend the GPU tests run on: the CUDA backend on GPU 0, or on the CUDA emulator.
-std::unique_ptr<Backend> make_gpu_backend();
 double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace meshtune::testing

@@ -3,9 +3,16 @@
 #include "emulated_backend.h"
 
 #include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
 
-namespace meshtune::testing {
+namespace meshtune {
 
 std::unique_ptr<Backend> make_emulated_cuda_backend() { return std::make_unique<CudaBackend>(0); }
 
-}  // namespace meshtune::testing
+void* emulated_cuda_stream(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  check(cuda != nullptr, "cuda_stream_of: ", backend.name(), " is not a CUDA backend");
+  return cuda->stream();
+}
+
+}  // namespace meshtune

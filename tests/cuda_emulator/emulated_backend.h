@@ -1,12 +1,13 @@
 // The CUDA backend (src/backend/cuda) built on the CUDA emulator (emulator.h): its kernels and
-// cuBLAS calls run on the CPU. For the GPU tests built as emulated_gpu_test_* (MESHTUNE_CUDA_EMULATOR).
+// cuBLAS calls run on the CPU.
 #pragma once
 #include <memory>
 
 #include "backend/backend.h"
 
-namespace meshtune::testing {
+namespace meshtune {
 
 std::unique_ptr<Backend> make_emulated_cuda_backend();
+void* emulated_cuda_stream(Backend& backend);  // its stream; an Error for any other backend
 
-}  // namespace meshtune::testing
+}  // namespace meshtune
