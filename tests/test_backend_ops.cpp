@@ -245,6 +245,12 @@ OpCase attention_case(const std::string& name, AttentionShape s, std::vector<int
   return c;
 }
 
+OpCase long_attention_case() {
+  OpCase c = attention_case("long_cache", {1, 2, 4190, 4200, 2, 1, 8, 1000, 0.f}, {17, 4100}, true);
+  c.differentiable = {};  // finite differences over 4200 key slots would take minutes: the small cases do it
+  return c;
+}
+
 std::vector<OpCase> attention_cases() {
   // AttentionShape{batch, query_len, start, capacity, heads, kv_heads, head_dim, window, soft_cap}
   return {
@@ -257,6 +263,9 @@ std::vector<OpCase> attention_cases() {
       // Decode: one query at position 5 of a cache of 8 slots, and a prefill continuing at 2.
       attention_case("decode", {2, 1, 5, 8, 4, 2, 8, 0, 0.f}, {3}, false),
       attention_case("prefill_at_2", {1, 4, 2, 9, 2, 1, 16, 3, 0.f}, {}, false),
+      // A long cache: a GPU's attention kernels then need more than the default 48 KB of shared
+      // memory per block (three arrays of 4200 slots in backward) and take their widest blocks.
+      long_attention_case(),
   };
 }
 
