@@ -52,9 +52,10 @@ std::vector<float> download(Backend& backend, const FloatBuffer& values) {
 }
 
 // The logits of the batch's tokens under `model` (uploaded to `backend` first), on the host.
-std::vector<float> logits_on(Backend& backend, const GemmaModel& host_model, const SmallBatch& batch) {
+std::vector<float> logits_on(Backend& backend, const GemmaModel& host_model, const SmallBatch& batch,
+                             MatmulPrecision precision = MatmulPrecision::F32) {
   const GemmaModel model = upload_model(host_model, backend);
-  const Context ctx{backend};
+  const Context ctx{backend, precision};
   const GemmaConfig& c = model.config;
   KVCache cache(c, batch.B, batch.T, backend);
   cache.set_key_valid(backend, batch.mask);
@@ -305,6 +306,23 @@ TEST(Cuda, ForwardLogitsMatchTheCpu) {
   CpuBackend cpu;
   const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   EXPECT_LE(max_relative_error(logits_on(*gpu, host, batch), logits_on(cpu, host, batch)), 1e-4);
+}
+
+// mixed_bfloat16 / bfloat16: bf16 inputs with fp32 sums on both (bf16-stored weights, as a bf16
+// preset keeps them). Only the order of the sums differs, but a difference in the last bits of an
+// activation can round it to the neighbouring bf16 (2⁻⁸ apart) before the next product: the CPU's
+// logits differ from the reference's by 1.5e-3 here, from fp32's by 2e-2 — so 5e-3 between GPU and
+// CPU, and more than that between the GPU's bf16 and fp32 (the policy is applied at all).
+TEST(Cuda, Bfloat16ForwardLogitsMatchTheCpu) {
+  GemmaModel host = gemma2_tiny();
+  for (const VariableSpec& spec : gemma_variables(host.config))
+    if (WeightMatrix* w = host.matrix(spec.slot, spec.layer)) *w = to_bf16_matrix(*w);
+  const SmallBatch batch(host.config.vocab_size);
+  CpuBackend cpu;
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  const std::vector<float> got = logits_on(*gpu, host, batch, MatmulPrecision::BF16);
+  EXPECT_LE(max_relative_error(got, logits_on(cpu, host, batch, MatmulPrecision::BF16)), 5e-3);
+  EXPECT_GT(max_relative_error(got, logits_on(*gpu, host, batch, MatmulPrecision::F32)), 5e-3);
 }
 
 TEST(Cuda, Int8LayersEqualKerasBitForBit) {
