@@ -52,6 +52,18 @@ std::vector<float> download(Backend& backend, const FloatBuffer& values) {
 }
 
 // The logits of the batch's tokens under `model` (uploaded to `backend` first), on the host.
+// `model` with every weight matrix stored as int8 codes or as bf16.
+GemmaModel with_int8_matrices(GemmaModel model) {
+  for (const VariableSpec& spec : gemma_variables(model.config))
+    if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
+  return model;
+}
+GemmaModel with_bf16_matrices(GemmaModel model) {
+  for (const VariableSpec& spec : gemma_variables(model.config))
+    if (WeightMatrix* w = model.matrix(spec.slot, spec.layer)) *w = to_bf16_matrix(*w);
+  return model;
+}
+
 std::vector<float> logits_on(Backend& backend, const GemmaModel& host_model, const SmallBatch& batch,
                              MatmulPrecision precision = MatmulPrecision::F32) {
   const GemmaModel model = upload_model(host_model, backend);
@@ -148,9 +160,7 @@ TEST(DeviceMemory, ForwardOnDeviceMemoryEqualsTheHost) {
   ReferenceBackend reference, device(Device::Cuda);
   EXPECT_EQ(logits_on(device, host, batch), logits_on(reference, host, batch));
   // int8 weights (codes and their per-row scales) cross too.
-  GemmaModel int8 = host;
-  for (const VariableSpec& spec : gemma_variables(host.config))
-    if (WeightMatrix* w = int8.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
+  const GemmaModel int8 = with_int8_matrices(host);
   EXPECT_EQ(logits_on(device, int8, batch), logits_on(reference, int8, batch));
 }
 
@@ -314,9 +324,7 @@ TEST(Cuda, ForwardLogitsMatchTheCpu) {
 // logits differ from the reference's by 1.5e-3 here, from fp32's by 2e-2 — so 5e-3 between GPU and
 // CPU, and more than that between the GPU's bf16 and fp32 (the policy is applied at all).
 TEST(Cuda, Bfloat16ForwardLogitsMatchTheCpu) {
-  GemmaModel host = gemma2_tiny();
-  for (const VariableSpec& spec : gemma_variables(host.config))
-    if (WeightMatrix* w = host.matrix(spec.slot, spec.layer)) *w = to_bf16_matrix(*w);
+  const GemmaModel host = with_bf16_matrices(gemma2_tiny());
   const SmallBatch batch(host.config.vocab_size);
   CpuBackend cpu;
   const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
@@ -331,9 +339,7 @@ TEST(Cuda, Int8LayersEqualKerasBitForBit) {
 }
 
 TEST(Cuda, Int8ForwardLogitsMatchTheCpu) {
-  GemmaModel host = gemma2_tiny();
-  for (const VariableSpec& spec : gemma_variables(host.config))
-    if (WeightMatrix* w = host.matrix(spec.slot, spec.layer)) *w = quantize_matrix_int8(*w);
+  const GemmaModel host = with_int8_matrices(gemma2_tiny());
   const SmallBatch batch(host.config.vocab_size);
   CpuBackend cpu;
   const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
