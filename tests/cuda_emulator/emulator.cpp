@@ -247,12 +247,31 @@ std::string stuck_block(const Block& b, unsigned count) {
          ") — a barrier or full-mask shuffle that not every thread reaches";
 }
 
+// The order a block's threads run in between barriers: by index, or — MESHTUNE_CUDA_EMULATOR_ORDER=
+// reverse — last first. A missing barrier shows as a wrong result when the reader runs before the
+// writer: ctest runs the op registry both ways, so it shows whichever of the two comes first.
+bool reverse_order() {
+  static const bool reverse = [] {
+    const char* order = std::getenv("MESHTUNE_CUDA_EMULATOR_ORDER");
+    const std::string name = order ? order : "forward";
+    if (name != "forward" && name != "reverse") {
+      std::fprintf(stderr, "MESHTUNE_CUDA_EMULATOR_ORDER=%s: expected forward or reverse\n", name.c_str());
+      std::exit(2);
+    }
+    return name == "reverse";
+  }();
+  return reverse;
+}
+
 // Runs one block to its end; false (with `error`) if it gets stuck.
 bool run_block(Block& b, unsigned count, std::string& error) {
   for (unsigned i = 0; i < count; ++i) b.threads[i].wait = Wait::Running;
+  const bool reverse = reverse_order();
   for (;;) {
-    for (unsigned i = 0; i < count; ++i)
+    for (unsigned k = 0; k < count; ++k) {
+      const unsigned i = reverse ? count - 1 - k : k;
       if (b.threads[i].wait == Wait::Running) resume(b, i);
+    }
     bool released = false;
     for (unsigned w = 0; 32 * w < count; ++w) released |= complete_shuffle(b, w, count, error);
     if (!error.empty()) break;

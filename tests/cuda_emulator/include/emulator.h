@@ -3,7 +3,9 @@
 // device). What it checks, and what it cannot:
 //   - each block's threads run as cooperative fibers on one CPU thread; __syncthreads and warp
 //     shuffles switch between them, so barriers, shared memory and warp sums behave as on a GPU
-//     (one fixed interleaving: races between threads are not found);
+//     (in index order, or last first under MESHTUNE_CUDA_EMULATOR_ORDER=reverse — the registry runs
+//     both —, so a missing barrier shows; other races, e.g. two threads adding into one value without
+//     atomics, are not found);
 //   - a barrier some threads of the block never reach, a full-mask shuffle some lanes of the warp
 //     never reach, or a shuffle in a block that is not whole warps is a launch error, as are launch
 //     shapes a GPU refuses (0 blocks, more than 1024 threads, more dynamic shared memory than
