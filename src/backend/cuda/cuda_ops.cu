@@ -185,8 +185,9 @@ __device__ void query_probabilities(const float* q, const float* k, const uint8_
 // Both per-query kernels take up to 1024 threads a block (attention_threads): __launch_bounds__
 // keeps their registers within what a block of 1024 may have (64 each; without it they use 62 — one
 // more variable and a decode launch would fail with "too many resources requested").
-__global__ void __launch_bounds__(1024) attention_kernel(const float* q, const float* k, const float* v, const uint8_t* key_valid,
-                                 AttentionShape s, float* out) {
+__global__ void __launch_bounds__(1024)
+    attention_kernel(const float* q, const float* k, const float* v, const uint8_t* key_valid, AttentionShape s,
+                     float* out) {
   extern __shared__ float shared[];
   float *p = shared, *capped = shared + s.capacity;
   const Query qq = this_query(s);
@@ -203,9 +204,9 @@ __global__ void __launch_bounds__(1024) attention_kernel(const float* q, const f
 // ds_j = p_j·(dp_j − Σ p·dp)·(1 − (capped/cap)²); dq = Σ ds_j·k_j; p and ds go to `probs` and
 // `dscores` ([B·T·N, S]). Per key slot (attention_key_gradients_kernel): dk_j = Σ ds·q and
 // dv_j = Σ p·dout over the queries of its head group, summed in double in a fixed order.
-__global__ void __launch_bounds__(1024) attention_backward_kernel(const float* q, const float* k, const float* v, const uint8_t* key_valid,
-                                          AttentionShape s, const float* dout, float* dq, float* probs,
-                                          float* dscores) {
+__global__ void __launch_bounds__(1024)
+    attention_backward_kernel(const float* q, const float* k, const float* v, const uint8_t* key_valid,
+                              AttentionShape s, const float* dout, float* dq, float* probs, float* dscores) {
   extern __shared__ float shared[];
   const int64_t S = s.capacity, H = s.head_dim;
   float *p = shared, *capped = shared + S, *ds = shared + 2 * S;
