@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <iterator>
 #include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "core/scalar_math.h"
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
 
@@ -369,11 +369,8 @@ uint64_t shuffle(unsigned mask, uint64_t bits, size_t size, Shuffle kind, unsign
 namespace {
 
 float element(const void* base, cudaDataType type, int64_t index) {
-  if (type == CUDA_R_32F) return static_cast<const float*>(base)[index];
-  uint32_t u = uint32_t(static_cast<const uint16_t*>(base)[index]) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return type == CUDA_R_32F ? static_cast<const float*>(base)[index]
+                            : meshtune::bf16_to_f32(static_cast<const uint16_t*>(base)[index]);
 }
 
 cublasStatus_t gemm_checked(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* alpha,
