@@ -117,24 +117,34 @@ std::vector<OpCase> linear_cases() {
   return cases;
 }
 
-// A LoRA term over strided views of A and B (two column groups, like a query matrix of 2 heads).
+// A LoRA term over strided views of A and B (two column groups, like a query matrix of 2 heads;
+// A stored [in, groups·rank], B [per_group, rank], PEFT's transposed way), or in Keras' layout
+// (A [groups, in, rank], B [rank, per_group]).
 struct LowRankViews {
   int64_t M = 5, in = 11, groups = 2, per_group = 7, rank = 3;
+  bool keras_layout = false;
   LowRankTerm term(Device device, const float* a, const float* b, float* ga = nullptr, float* gb = nullptr) const {
     LowRankTerm t;
     t.device = device;
     t.rank = rank, t.groups = groups, t.in = in, t.out_per_group = per_group, t.scale = 0.75f;
-    t.a = a, t.a_group = rank, t.a_row = groups * rank, t.a_col = 1;  // A stored [in, groups·rank]
-    t.b = b, t.b_row = 1, t.b_col = rank;                             // B stored [per_group, rank]
+    t.a = a, t.b = b;
+    if (keras_layout) {
+      t.a_group = in * rank, t.a_row = rank, t.a_col = 1;
+      t.b_row = per_group, t.b_col = 1;
+    } else {
+      t.a_group = rank, t.a_row = groups * rank, t.a_col = 1;
+      t.b_row = 1, t.b_col = rank;
+    }
     t.grad_a = ga, t.grad_b = gb;
     return t;
   }
 };
 
-OpCase low_rank_case() {
-  const LowRankViews v;
+// With `accumulating`, the gradients and dx start from values of their own (backward adds to them),
+// so the case is not checked against finite differences.
+OpCase low_rank_case(const std::string& name, LowRankViews v, bool accumulating) {
   OpCase c;
-  c.name = "low_rank";
+  c.name = name;
   c.make_inputs = [v] {
     return Inputs{random_vector(size_t(v.M * v.in), 5), random_vector(size_t(v.in * v.groups * v.rank), 6),
                   random_vector(size_t(v.per_group * v.rank), 7), random_vector(size_t(v.M * v.groups * v.per_group), 8)};
@@ -144,14 +154,18 @@ OpCase low_rank_case() {
     b.low_rank(put(b, in[0]), v.M, v.term(b.device(), a.data(), bb.data()), y);
     return Inputs{get(b, y)};
   };
-  c.backward = [v](Backend& b, Inputs& in, const Values& dy) {
-    FloatBuffer dx = put(b, zeros(v.M * v.in)), ga = put(b, zeros(int64_t(in[1].size()))),
-                gb = put(b, zeros(int64_t(in[2].size()))), a = put(b, in[1]), bb = put(b, in[2]);
+  c.backward = [v, accumulating](Backend& b, Inputs& in, const Values& dy) {
+    auto start = [&](size_t n, uint64_t seed) { return accumulating ? random_vector(n, seed) : zeros(int64_t(n)); };
+    FloatBuffer dx = put(b, start(size_t(v.M * v.in), 9)), ga = put(b, start(in[1].size(), 10)),
+                gb = put(b, start(in[2].size(), 11)), a = put(b, in[1]), bb = put(b, in[2]);
     b.low_rank_backward(put(b, in[0]), put(b, dy), v.M, v.term(b.device(), a.data(), bb.data(), ga.data(), gb.data()),
                         dx);
     return Inputs{get(b, dx), get(b, ga), get(b, gb)};
   };
-  c.differentiable = {0, 1, 2};
+  if (!accumulating) c.differentiable = {0, 1, 2};
+  // The reference sums in double; backends in fp32 over sums of up to M·groups terms (∂B), from the
+  // fp32-rounded x·A.
+  if (accumulating) c.tolerance = 5e-5;
   return c;
 }
 
@@ -487,7 +501,10 @@ const std::vector<OpCase>& registry() {
       for (OpCase& c : more) all.push_back(std::move(c));
     };
     add(linear_cases());
-    add({low_rank_case()});
+    add({low_rank_case("low_rank", LowRankViews{}, false),
+         low_rank_case("low_rank_keras_layout_accumulating",
+                       LowRankViews{.M = 70, .in = 40, .groups = 4, .per_group = 24, .rank = 4, .keras_layout = true},
+                       true)});
     add(norm_cases());
     add({rope_case(5, 3, 8, 10000.f, 1.f), rope_case(4, 2, 6, 1e6f, 8.f)});
     add(attention_cases());

@@ -386,6 +386,16 @@ cublasStatus_t gemm_checked(cublasOperation_t ta, cublasOperation_t tb, int m, i
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const float a = *static_cast<const float*>(alpha), bt = *static_cast<const float*>(beta);
   const size_t in_size = Atype == CUDA_R_32F ? 4 : 2;
+  // Every matrix the product reads or writes lies inside one device allocation (a GPU faults on host
+  // memory; one past an allocation reads another's).
+  auto inside = [&](const void* p, int64_t rows, int64_t cols, int64_t ld, long long stride, size_t size) {
+    if (rows == 0 || cols == 0 || batch == 0) return true;
+    const int64_t last = (rows - 1) + (cols - 1) * ld + (batch - 1) * int64_t(stride);
+    return stride >= 0 && on_device(p, size_t(last + 1) * size);
+  };
+  if (!inside(A, a_rows, ta == CUBLAS_OP_N ? k : m, lda, strideA, in_size) ||
+      !inside(B, b_rows, tb == CUBLAS_OP_N ? n : k, ldb, strideB, in_size) || !inside(C, m, n, ldc, strideC, 4))
+    return CUBLAS_STATUS_INVALID_VALUE;
   for (int64_t batch_index = 0; batch_index < batch; ++batch_index) {
     const char* Ab = static_cast<const char*>(A) + batch_index * strideA * int64_t(in_size);
     const char* Bb = static_cast<const char*>(B) + batch_index * strideB * int64_t(in_size);

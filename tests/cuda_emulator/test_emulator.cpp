@@ -150,6 +150,15 @@ TEST(CudaEmulator, GemmFollowsCublasDefinition) {
       EXPECT_EQ(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, A, CUDA_R_32F, m - 1, B, CUDA_R_32F,
                              k, &beta, C, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                 CUBLAS_STATUS_INVALID_VALUE);
+      // So is a matrix that is not device memory, or reaches past its allocation (one more batch).
+      const std::vector<float> host_a = a;
+      EXPECT_EQ(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, host_a.data(), CUDA_R_32F, m, B,
+                             CUDA_R_32F, k, &beta, C, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                CUBLAS_STATUS_INVALID_VALUE);
+      EXPECT_EQ(cublasGemmStridedBatchedEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, A, CUDA_R_32F, m, 0, B,
+                                           CUDA_R_32F, k, 0, &beta, C, CUDA_R_32F, m, m, 2, CUBLAS_COMPUTE_32F,
+                                           CUBLAS_GEMM_DEFAULT),
+                CUBLAS_STATUS_INVALID_VALUE);
       cudaFree(const_cast<float*>(A));
       cudaFree(const_cast<float*>(B));
       cudaFree(C);

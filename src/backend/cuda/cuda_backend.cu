@@ -1,5 +1,5 @@
 // The CUDA backend (cuda_backend.h): the GPU, its memory and the host crossings, and the matrix
-// products — linear and its gradients through cuBLAS, LoRA's low-rank term as small kernels.
+// products through cuBLAS — linear and its gradients, LoRA's low-rank term and its gradients.
 // The other ops are in cuda_ops.cu.
 #include "backend/cuda/cuda_backend.h"
 
@@ -14,8 +14,6 @@ using cuda::check_blas;
 using cuda::check_cuda;
 using cuda::check_launch;
 using cuda::kThreads;
-using cuda::warp_sum;
-using cuda::block_sum;
 
 CudaBackend::CudaBackend(int gpu) : gpu_(gpu), state_(std::make_unique<CudaState>()) {
   int count = 0;
@@ -265,114 +263,122 @@ void CudaBackend::linear_backward_weight_impl(const float* dy, const float* x, i
 }
 
 // ---- LoRA's low-rank term: y[:, g] += scale·(x·A_g)·B, with strided A and B ----
-// Small products (rank r of 4–64), summing in double as the reference does. u[m, g, j] =
-// Σ_i x[m, i]·A_g(i, j); v[m, g, j] = Σ_o dy[m, g, o]·B(j, o). Outputs whose sum is long (over the
-// input width, the outputs of a group, the rows) are one warp each — one block for ∂B, whose sum runs
-// over every row of every group —; the others one thread each.
+// As the CPU does it (backend/cpu/low_rank.cpp), through cuBLAS in fp32: the factors gathered into
+// contiguous matrices — a [in, R] with a(i, g·r + j) = A_g(i, j), R = groups·rank; b [r, og] —, then
+// x·A of every group is one product and the products with B one product batched over the groups.
 
 namespace {
 
-__device__ inline double lora_a(const LowRankTerm& t, int64_t g, int64_t i, int64_t j) {
-  return t.a[g * t.a_group + i * t.a_row + j * t.a_col];
-}
-__device__ inline double lora_b(const LowRankTerm& t, int64_t j, int64_t o) { return t.b[j * t.b_row + o * t.b_col]; }
+constexpr int kFactorScratch = 0, kFactorGradientScratch = 1, kDownScratch = 2, kBackScratch = 3;
 
-__global__ void low_rank_u_kernel(const float* x, int64_t M, LowRankTerm t, double* u) {
-  FOR_EACH_WARP_ITEM(e, M * t.groups * t.rank) {
-    const int64_t j = e % t.rank, g = (e / t.rank) % t.groups, m = e / (t.rank * t.groups);
-    double acc = 0;
-    for (int64_t i = threadIdx.x % 32; i < t.in; i += 32) acc += double(x[m * t.in + i]) * lora_a(t, g, i, j);
-    acc = warp_sum(acc);
-    if (threadIdx.x % 32 == 0) u[e] = acc;
-  }
-}
+// Where b starts after a in a scratch block of both: a's floats rounded up to 256 bytes.
+int64_t factor_b_offset(const LowRankTerm& t) { return (t.in * t.groups * t.rank + 63) / 64 * 64; }
+size_t factor_bytes(const LowRankTerm& t) { return size_t(factor_b_offset(t) + t.rank * t.out_per_group) * 4; }
 
-__global__ void low_rank_v_kernel(const float* dy, int64_t M, LowRankTerm t, double* v) {
-  const int64_t og = t.out_per_group;
-  FOR_EACH_WARP_ITEM(e, M * t.groups * t.rank) {
-    const int64_t j = e % t.rank, g = (e / t.rank) % t.groups, m = e / (t.rank * t.groups);
-    double acc = 0;
-    for (int64_t o = threadIdx.x % 32; o < og; o += 32) acc += double(dy[m * t.out() + g * og + o]) * lora_b(t, j, o);
-    acc = warp_sum(acc);
-    if (threadIdx.x % 32 == 0) v[e] = acc;
-  }
-}
-
-__global__ void low_rank_y_kernel(const double* u, int64_t M, LowRankTerm t, float* y) {
-  const int64_t n = M * t.out(), og = t.out_per_group;
+__global__ void gather_factors_kernel(LowRankTerm t, float* a, float* b) {
+  const int64_t r = t.rank, R = t.groups * r, og = t.out_per_group, na = t.in * R, n = na + r * og;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t m = e / t.out(), g = (e % t.out()) / og, o = e % og;
-    double acc = 0;
-    for (int64_t j = 0; j < t.rank; ++j) acc += u[(m * t.groups + g) * t.rank + j] * lora_b(t, j, o);
-    y[e] += float(t.scale * acc);
+    if (e < na) {
+      const int64_t i = e / R, g = (e % R) / r, j = e % r;
+      a[e] = t.a[g * t.a_group + i * t.a_row + j * t.a_col];
+    } else {
+      const int64_t f = e - na, j = f / og, o = f % og;
+      b[f] = t.b[j * t.b_row + o * t.b_col];
+    }
   }
 }
 
-// dx[m, i] += scale·Σ_g Σ_j v[m, g, j]·A_g(i, j)
-__global__ void low_rank_dx_kernel(const double* v, int64_t M, LowRankTerm t, float* dx) {
-  const int64_t n = M * t.in;
+// ∂A_g(i, j) += ga(i, g·r + j) and ∂B(j, o) += gb(j, o), for the factors the term trains.
+__global__ void add_factor_gradients_kernel(LowRankTerm t, const float* ga, const float* gb) {
+  const int64_t r = t.rank, R = t.groups * r, og = t.out_per_group, na = t.in * R, n = na + r * og;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t m = e / t.in, i = e % t.in;
-    float out = dx[e];
-    for (int64_t g = 0; g < t.groups; ++g) {
-      double acc = 0;
-      for (int64_t j = 0; j < t.rank; ++j) acc += v[(m * t.groups + g) * t.rank + j] * lora_a(t, g, i, j);
-      out += float(t.scale * acc);
+    if (e < na) {
+      const int64_t i = e / R, g = (e % R) / r, j = e % r;
+      if (t.grad_a) t.grad_a[g * t.a_group + i * t.a_row + j * t.a_col] += ga[e];
+    } else {
+      const int64_t f = e - na, j = f / og, o = f % og;
+      if (t.grad_b) t.grad_b[j * t.b_row + o * t.b_col] += gb[f];
     }
-    dx[e] = out;
   }
 }
 
-// ∂A_g(i, j) += scale·Σ_m x[m, i]·v[m, g, j]
-__global__ void low_rank_grad_a_kernel(const float* x, const double* v, int64_t M, LowRankTerm t) {
-  FOR_EACH_WARP_ITEM(e, t.groups * t.in * t.rank) {
-    const int64_t j = e % t.rank, i = (e / t.rank) % t.in, g = e / (t.rank * t.in);
-    double acc = 0;
-    for (int64_t m = threadIdx.x % 32; m < M; m += 32) acc += double(x[m * t.in + i]) * v[(m * t.groups + g) * t.rank + j];
-    acc = warp_sum(acc);
-    if (threadIdx.x % 32 == 0) t.grad_a[g * t.a_group + i * t.a_row + j * t.a_col] += float(t.scale * acc);
-  }
+struct Factors {
+  const float* a;  // [in, R]
+  const float* b;  // [r, og]
+};
+
+Factors gather_factors(CudaState& s, const LowRankTerm& t) {
+  auto* a = static_cast<float*>(s.scratch_for(kFactorScratch, factor_bytes(t)));
+  float* b = a + factor_b_offset(t);
+  const int64_t n = t.in * t.groups * t.rank + t.rank * t.out_per_group;
+  gather_factors_kernel<<<blocks_for(n), kThreads, 0, s.stream>>>(t, a, b);
+  check_launch("low_rank (gather the factors)");
+  return {a, b};
 }
 
-// ∂B(j, o) += scale·Σ_g Σ_m u[m, g, j]·dy[m, g, o]: one block per output.
-__global__ void low_rank_grad_b_kernel(const double* u, const float* dy, int64_t M, LowRankTerm t) {
-  const int64_t og = t.out_per_group, n = t.rank * og, terms = t.groups * M;
-  for (int64_t e = blockIdx.x; e < n; e += gridDim.x) {
-    const int64_t j = e / og, o = e % og;
-    double acc = 0;
-    for (int64_t k = threadIdx.x; k < terms; k += blockDim.x) {
-      const int64_t g = k / M, m = k % M;
-      acc += u[(m * t.groups + g) * t.rank + j] * double(dy[m * t.out() + g * og + o]);
-    }
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) t.grad_b[j * t.b_row + o * t.b_col] += float(t.scale * acc);
-  }
+// u[M, R] = x[M, in] · a (all groups at once).
+void project_down(CudaState& s, const float* x, int64_t M, const LowRankTerm& t, const Factors& f, float* u) {
+  const int64_t R = t.groups * t.rank;
+  cuda::sgemm(s, false, false, M, R, t.in, 1.f, x, t.in, f.a, R, 0.f, u, R, "low_rank");
 }
 
 }  // namespace
 
 void CudaBackend::low_rank_impl(const float* x, int64_t M, const LowRankTerm& t, float* y) {
-  auto* u = static_cast<double*>(state_->scratch_for(2, size_t(M * t.groups * t.rank) * sizeof(double)));
-  low_rank_u_kernel<<<blocks_for(32 * M * t.groups * t.rank), kThreads, 0, state_->stream>>>(x, M, t, u);
-  low_rank_y_kernel<<<blocks_for(M * t.out()), kThreads, 0, state_->stream>>>(u, M, t, y);
-  check_launch("low_rank");
+  if (M == 0) return;
+  CudaState& s = *state_;
+  const Factors f = gather_factors(s, t);
+  const int64_t r = t.rank, og = t.out_per_group, R = t.groups * r;
+  auto* u = static_cast<float*>(s.scratch_for(kDownScratch, size_t(M * R) * 4));
+  project_down(s, x, M, t, f, u);
+  // y[:, g·og + o] += scale · u[:, g·r + j] · b(j, o), for each group g
+  cuda::sgemm(s, false, false, M, og, r, t.scale, u, R, f.b, og, 1.f, y, t.out(), "low_rank",
+              {.count = t.groups, .stride_a = r, .stride_b = 0, .stride_c = og});
 }
 
 void CudaBackend::low_rank_backward_impl(const float* x, const float* dy, int64_t M, const LowRankTerm& t,
                                          float* dx) {
-  const int64_t n = M * t.groups * t.rank;
-  auto* u = static_cast<double*>(state_->scratch_for(2, size_t(n) * sizeof(double)));
-  auto* v = static_cast<double*>(state_->scratch_for(3, size_t(n) * sizeof(double)));
-  low_rank_v_kernel<<<blocks_for(32 * n), kThreads, 0, state_->stream>>>(dy, M, t, v);
-  if (dx) low_rank_dx_kernel<<<blocks_for(M * t.in), kThreads, 0, state_->stream>>>(v, M, t, dx);
-  if (t.grad_a)
-    low_rank_grad_a_kernel<<<blocks_for(32 * t.groups * t.in * t.rank), kThreads, 0, state_->stream>>>(x, v, M, t);
+  if (M == 0) return;
+  CudaState& s = *state_;
+  const Factors f = gather_factors(s, t);
+  const int64_t r = t.rank, og = t.out_per_group, R = t.groups * r;
+  // v[:, g·r + j] = Σ_o dy[:, g·og + o] · b(j, o), for each group g
+  auto* v = static_cast<float*>(s.scratch_for(kBackScratch, size_t(M * R) * 4));
+  cuda::sgemm(s, false, true, M, r, og, 1.f, dy, t.out(), f.b, og, 0.f, v, R, "low_rank_backward",
+              {.count = t.groups, .stride_a = og, .stride_b = 0, .stride_c = r});
+  // dx[M, in] += scale · v · aᵀ
+  if (dx) cuda::sgemm(s, false, true, M, t.in, R, t.scale, v, R, f.a, R, 1.f, dx, t.in, "low_rank_backward");
+  if (!t.grad_a && !t.grad_b) return;
+  auto* ga = static_cast<float*>(s.scratch_for(kFactorGradientScratch, factor_bytes(t)));
+  float* gb = ga + factor_b_offset(t);
+  // ∂A [in, R] = scale · xᵀ · v
+  if (t.grad_a) cuda::sgemm(s, true, false, t.in, R, M, t.scale, x, t.in, v, R, 0.f, ga, R, "low_rank_backward");
+  // ∂B [r, og] = scale · Σ_m Σ_g u[m, g·r + j] · dy[m, g·og + o] with u = x · a: one product over the
+  // M·G rows of u as [M·G, r] and of dy as [M·G, og].
   if (t.grad_b) {
-    low_rank_u_kernel<<<blocks_for(32 * n), kThreads, 0, state_->stream>>>(x, M, t, u);
-    const int64_t outputs = t.rank * t.out_per_group;
-    low_rank_grad_b_kernel<<<unsigned(std::min<int64_t>(outputs, 65535)), kThreads, 0, state_->stream>>>(u, dy, M, t);
+    auto* u = static_cast<float*>(s.scratch_for(kDownScratch, size_t(M * R) * 4));
+    project_down(s, x, M, t, f, u);
+    cuda::sgemm(s, true, false, r, og, M * t.groups, t.scale, u, r, dy, og, 0.f, gb, og, "low_rank_backward");
   }
-  check_launch("low_rank_backward");
+  const int64_t n = t.in * R + r * og;
+  add_factor_gradients_kernel<<<blocks_for(n), kThreads, 0, s.stream>>>(t, ga, gb);
+  check_launch("low_rank_backward (add the factors' gradients)");
+}
+
+// ---- row-major fp32 products (cuda_common.cuh) ----
+
+void cuda::sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                 const char* op, Batch batch) {
+  check(M < (int64_t(1) << 31) && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) && batch.count < (int64_t(1) << 31),
+        op, ": a matrix dimension does not fit cuBLAS' 32-bit sizes");
+  // cuBLAS is column-major, where the row-major C is Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands swap.
+  check_blas(cuda::cublas().gemm_strided_batched_ex(
+                 s.blas, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(N),
+                 int(M), int(K), &alpha, B, CUDA_R_32F, int(ldb), batch.stride_b, A, CUDA_R_32F, int(lda),
+                 batch.stride_a, &beta, C, CUDA_R_32F, int(ldc), batch.stride_c, int(batch.count), CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT),
+             op);
 }
 
 }  // namespace meshtune

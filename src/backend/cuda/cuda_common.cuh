@@ -124,4 +124,17 @@ struct CudaState {
   }
 };
 
+namespace cuda {
+
+// Row-major fp32 products through cuBLAS (no TF32), with cblas_sgemm(CblasRowMajor, …)'s arguments:
+// C[M, N] = alpha·op(A)·op(B) + beta·C, `count` times, each operand `stride_*` floats after the last
+// (stride 0: the same matrix every time). `op` names the caller in errors.
+struct Batch {
+  int64_t count = 1, stride_a = 0, stride_b = 0, stride_c = 0;
+};
+void sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const char* op,
+           Batch batch = {});
+
+}  // namespace cuda
 }  // namespace meshtune

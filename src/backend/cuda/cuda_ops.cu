@@ -592,19 +592,14 @@ static bool attention_by_gemm() {
 }
 
 // The products of backend/batched_attention.h on cuBLAS, in fp32 (no TF32), over operands A, B, C.
+// They are column-major descriptions; the column-major C = op(A)·op(B) is the row-major
+// Cᵀ = op(B)ᵀ·op(A)ᵀ that cuda::sgemm takes.
 static void run_products(CudaState& st, const std::vector<BatchedProduct>& products, const float* A, const float* B,
                          float* C) {
-  const float alpha = 1.f;
-  for (const BatchedProduct& p : products) {
-    check(p.m < (int64_t(1) << 31) && p.n < (int64_t(1) << 31) && p.k < (int64_t(1) << 31),
-          "attention on cuda: a product's dimension does not fit cuBLAS' 32-bit sizes");
-    cuda::check_blas(cuda::cublas().gemm_strided_batched_ex(
-                         st.blas, p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                         int(p.m), int(p.n), int(p.k), &alpha, A + p.a, CUDA_R_32F, int(p.lda), p.stride_a, B + p.b,
-                         CUDA_R_32F, int(p.ldb), p.stride_b, &p.beta, C + p.c, CUDA_R_32F, int(p.ldc), p.stride_c,
-                         int(p.batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                     "attention (batched product)");
-  }
+  for (const BatchedProduct& p : products)
+    cuda::sgemm(st, p.transpose_b, p.transpose_a, p.n, p.m, p.k, 1.f, B + p.b, p.ldb, A + p.a, p.lda, p.beta,
+                C + p.c, p.ldc, "attention (batched product)",
+                {.count = p.batch, .stride_a = p.stride_b, .stride_b = p.stride_a, .stride_c = p.stride_c});
 }
 
 // Threads per query's block: 128, or with few queries (decode: batch × heads blocks, too few for the
