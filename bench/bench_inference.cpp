@@ -310,7 +310,10 @@ int main(int argc, char** argv) {
     j["decode_tok_s"] = decode_tok_s;
     j["decode_tok_s_mean"] = double(decode_step_s.size()) / [&] { double s = 0; for (double x : decode_step_s) s += x; return s; }();
     j["peak_rss_gib"] = rss_gib;
-    if (gpu) j["gpu_memory_gib"] = double(gpu_memory_in_use()) / double(1 << 30);
+    if (gpu) {
+      j["gpu_memory_gib"] = double(gpu_memory_in_use()) / double(1 << 30);
+      j["attention_routes"] = cuda_attention_routes(*gpu);  // measured at each shape's first call
+    }
     j["weight_bytes_per_token"] = weight_bytes;
     j["kv_bytes_per_token"] = kv_bytes;
     j["decode_effective_gbps"] = double(weight_bytes) * decode_tok_s / 1e9;

@@ -324,7 +324,10 @@ int main(int argc, char** argv) {
     j["ms_per_step_max"] = 1e3 * *std::max_element(step_s.begin(), step_s.end());
     j["tokens_per_s"] = double(M) / step;
     j["peak_rss_gib"] = rss;
-    if (gpu) j["gpu_memory_gib"] = double(gpu_memory_in_use()) / double(1 << 30);
+    if (gpu) {
+      j["gpu_memory_gib"] = double(gpu_memory_in_use()) / double(1 << 30);
+      j["attention_routes"] = cuda_attention_routes(*gpu);  // measured at each shape's first call
+    }
     j["gflop_per_step"] = flops.total() / 1e9;
     j["gflop_forward"] = flops.forward / 1e9;
     j["gflops"] = flops.total() / step / 1e9;

@@ -396,6 +396,30 @@ TEST(Cuda, GreedyGenerationMatchesTheCpu) {
   EXPECT_EQ(got.token_ids, want.token_ids);
 }
 
+// MESHTUNE_CUDA_ATTENTION=auto (the default): the first call of each attention shape times both
+// routes and keeps the faster; later calls of that shape measure nothing more. A forced route
+// measures nothing.
+TEST(Cuda, AttentionRouteIsMeasuredOncePerShape) {
+  const GemmaModel host = gemma2_tiny();
+  const SmallBatch batch(host.config.vocab_size);
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  logits_on(*gpu, host, batch);
+  const std::vector<std::string> routes = cuda_attention_routes(*gpu);
+  const char* forced = std::getenv("MESHTUNE_CUDA_ATTENTION");
+  if (forced && std::string(forced) != "auto") {
+    EXPECT_TRUE(routes.empty());
+    return;
+  }
+  ASSERT_EQ(routes.size(), 2u);  // Gemma 2's sliding-window layers and its global ones
+  for (const std::string& line : routes) {
+    EXPECT_EQ(line.rfind("forward B=", 0), 0u) << line;
+    EXPECT_NE(line.find(" ms, gemm "), std::string::npos) << line;
+    EXPECT_TRUE(line.ends_with("-> kernels") || line.ends_with("-> gemm")) << line;
+  }
+  logits_on(*gpu, host, batch);
+  EXPECT_EQ(cuda_attention_routes(*gpu), routes);
+}
+
 TEST(Cuda, AStepOfASeenShapeAllocatesNothing) {
   const GemmaModel host = gemma2_tiny();
   const SmallBatch batch(host.config.vocab_size);

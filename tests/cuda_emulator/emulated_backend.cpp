@@ -15,4 +15,9 @@ void* emulated_cuda_stream(Backend& backend) {
   return cuda->stream();
 }
 
+std::vector<std::string> emulated_attention_routes(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda ? cuda->attention_routes() : std::vector<std::string>{};
+}
+
 }  // namespace meshtune

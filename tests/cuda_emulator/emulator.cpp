@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -479,6 +480,33 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }  // every call ran to its end
+
+struct CUevent_st {
+  std::chrono::steady_clock::time_point when;
+  bool recorded = false;
+};
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
+  if (!event) return record(cudaErrorInvalidResourceHandle, "cudaEventRecord: no event");
+  event->when = std::chrono::steady_clock::now(), event->recorded = true;
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return event ? cudaSuccess : record(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: no event");
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!start || !end || !start->recorded || !end->recorded)
+    return record(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event that was not recorded");
+  *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+  return cudaSuccess;
+}
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   // Exactly `bytes` (cudaMalloc rounds up; AddressSanitizer then sees a kernel's overrun at once).

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -111,6 +112,12 @@ struct CudaState {
   // cuda_backend.cu's, 4–6 cuda_ops.cu's): grown when too small, never shrunk, reused in stream order.
   std::vector<void*> scratch = std::vector<void*>(7, nullptr);
   std::vector<size_t> scratch_bytes = std::vector<size_t>(7, 0);
+  // Attention's route per shape and direction, as measured at its first call (cuda_ops.cu).
+  struct AttentionTiming {
+    bool gemm = false;
+    float kernels_ms = 0, gemm_ms = 0;
+  };
+  std::map<std::string, AttentionTiming> attention_routes;
 
   void* scratch_for(int slot, size_t bytes) {
     if (scratch_bytes[size_t(slot)] < bytes) {

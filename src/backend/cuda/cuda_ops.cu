@@ -7,7 +7,9 @@
 // op_types.h's, the same functions the host backends run.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "backend/batched_attention.h"
@@ -577,20 +579,6 @@ static size_t attention_shared_bytes(Kernel kernel, const AttentionShape& s, int
   return bytes;
 }
 
-// The attention route: the per-query kernels (default), or MESHTUNE_CUDA_ATTENTION=gemm, cuBLAS'
-// batched products with the softmax kernels. Both are tested against the reference
-// (scripts/device-check runs the registry's attention cases and the 8 × 1024 step under each).
-static bool attention_by_gemm() {
-  static const bool gemm = [] {
-    const char* route = std::getenv("MESHTUNE_CUDA_ATTENTION");
-    const std::string name = route ? route : "";
-    check(name.empty() || name == "kernels" || name == "gemm", "MESHTUNE_CUDA_ATTENTION=", brief(name),
-          ": expected kernels or gemm");
-    return name == "gemm";
-  }();
-  return gemm;
-}
-
 // The products of backend/batched_attention.h on cuBLAS, in fp32 (no TF32), over operands A, B, C.
 // They are column-major descriptions; the column-major C = op(A)·op(B) is the row-major
 // Cᵀ = op(B)ᵀ·op(A)ᵀ that cuda::sgemm takes.
@@ -610,60 +598,150 @@ static unsigned attention_threads(const AttentionShape& s, int64_t queries) {
   return unsigned(std::clamp<int64_t>((s.capacity + 3) / 4 * 32, 128, 1024));
 }
 
+// Attention's two routes, each writing every output: the per-query kernels (one block per query, its
+// key slots' scores in shared memory: suits decode's few queries), or cuBLAS' batched products with
+// softmax kernels over score rows in scratch memory (suits the long sequences of training and prefill).
+
+static void attention_by_kernels(CudaState& st, int gpu, const float* q, const float* k, const float* v,
+                                 const uint8_t* key_valid, const AttentionShape& s, float* out) {
+  const int64_t queries = s.batch * s.query_len * s.heads;
+  const size_t shared = attention_shared_bytes(attention_kernel, s, 2, gpu);
+  attention_kernel<<<unsigned(queries), attention_threads(s, queries), shared, st.stream>>>(q, k, v, key_valid, s,
+                                                                                            out);
+  check_launch("attention");
+}
+
+static void attention_by_products(CudaState& st, const float* q, const float* k, const float* v,
+                                  const uint8_t* key_valid, const AttentionShape& s, float* out) {
+  const int64_t queries = s.batch * s.query_len * s.heads, L = attention_key_slots(s);
+  auto* scores = static_cast<float*>(st.scratch_for(kAttentionScratch, size_t(queries * L) * 4));
+  run_products(st, attention_score_products(s), k, q, scores);
+  score_softmax_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(scores, nullptr, key_valid, s, L);
+  check_launch("attention (softmax)");
+  run_products(st, attention_sum_products(s), v, scores, out);
+}
+
+struct AttentionGradients {
+  const float* dout;
+  float *dq, *dk, *dv;
+};
+
+static void attention_backward_by_kernels(CudaState& st, int gpu, const float* q, const float* k, const float* v,
+                                          const uint8_t* key_valid, const AttentionShape& s,
+                                          const AttentionGradients& g) {
+  const int64_t queries = s.batch * s.query_len * s.heads, keys = s.batch * s.capacity * s.kv_heads;
+  auto* probs = static_cast<float*>(st.scratch_for(kAttentionScratch, size_t(2 * queries * s.capacity) * 4 + 4));
+  float* dscores = probs + queries * s.capacity;
+  if (queries > 0) {
+    const size_t shared = attention_shared_bytes(attention_backward_kernel, s, 3, gpu);
+    attention_backward_kernel<<<unsigned(queries), attention_threads(s, queries), shared, st.stream>>>(
+        q, k, v, key_valid, s, g.dout, g.dq, probs, dscores);
+    check_launch("attention_backward");
+  }
+  const unsigned threads = unsigned(std::min<int64_t>(256, (s.head_dim + 31) / 32 * 32));
+  attention_key_gradients_kernel<<<unsigned(keys), threads, 0, st.stream>>>(q, g.dout, probs, dscores, s, g.dk, g.dv);
+  check_launch("attention_backward (keys)");
+}
+
+static void attention_backward_by_products(CudaState& st, const float* q, const float* k, const float* v,
+                                           const uint8_t* key_valid, const AttentionShape& s,
+                                           const AttentionGradients& g) {
+  const int64_t queries = s.batch * s.query_len * s.heads, keys = s.batch * s.capacity * s.kv_heads;
+  const int64_t L = attention_key_slots(s);
+  const size_t kv_bytes = size_t(keys * s.head_dim) * sizeof(float);
+  check_cuda(cudaMemsetAsync(g.dk, 0, kv_bytes, st.stream), "attention_backward");
+  check_cuda(cudaMemsetAsync(g.dv, 0, kv_bytes, st.stream), "attention_backward");
+  if (queries == 0) return;
+  const int64_t n = queries * L;  // probabilities, score gradients, capped scores
+  auto* probs = static_cast<float*>(st.scratch_for(kAttentionScratch, size_t(3 * n) * 4));
+  float *dscores = probs + n, *capped = s.soft_cap > 0 ? probs + 2 * n : nullptr;
+  run_products(st, attention_score_products(s), k, q, probs);
+  score_softmax_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(probs, capped, key_valid, s, L);
+  run_products(st, attention_score_products(s), v, g.dout, dscores);  // dp = dout·vᵀ
+  score_softmax_backward_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(probs, capped, dscores, s, L);
+  check_launch("attention_backward (softmax)");
+  run_products(st, attention_sum_products(s), k, dscores, g.dq);
+  run_products(st, attention_key_gradient_products(s), q, dscores, g.dk);
+  run_products(st, attention_key_gradient_products(s), g.dout, probs, g.dv);
+}
+
+// Which route: MESHTUNE_CUDA_ATTENTION=kernels|gemm forces one. By default (auto) the first call of
+// each shape and direction runs both, times them (twice each, after one untimed run) and keeps the
+// faster — as the CPU backend measures its matmul routes —, so that no guess about a GPU decides it.
+// The key leaves out `start`: decode's calls differ only there. The routes agree to fp32 rounding
+// (both are tested against the reference); the output is always the chosen route's.
+static bool attention_by_gemm(CudaState& st, const AttentionShape& s, bool backward,
+                              const std::function<void(bool gemm)>& run) {
+  static const std::string forced = [] {
+    const char* route = std::getenv("MESHTUNE_CUDA_ATTENTION");
+    const std::string name = route ? route : "auto";
+    check(name == "auto" || name == "kernels" || name == "gemm", "MESHTUNE_CUDA_ATTENTION=", brief(name),
+          ": expected auto, kernels or gemm");
+    return name;
+  }();
+  if (forced != "auto") return forced == "gemm";
+  const std::string key = std::string(backward ? "backward" : "forward") + " B=" + std::to_string(s.batch) +
+                          " T=" + std::to_string(s.query_len) + " S=" + std::to_string(s.capacity) +
+                          " N=" + std::to_string(s.heads) + " K=" + std::to_string(s.kv_heads) +
+                          " H=" + std::to_string(s.head_dim) + " window=" + std::to_string(s.window) +
+                          " cap=" + std::to_string(s.soft_cap > 0);
+  auto known = st.attention_routes.find(key);
+  if (known != st.attention_routes.end()) return known->second.gemm;
+  CudaState::AttentionTiming timing;
+  cudaEvent_t marks[5] = {};
+  for (cudaEvent_t& e : marks) check_cuda(cudaEventCreate(&e), "attention (time the routes)");
+  run(false), run(true);  // untimed: scratch grown, cuBLAS' kernels loaded
+  check_cuda(cudaEventRecord(marks[0], st.stream), "attention (time the routes)");
+  for (int round = 0; round < 2; ++round) {
+    run(false);
+    check_cuda(cudaEventRecord(marks[1 + 2 * round], st.stream), "attention (time the routes)");
+    run(true);
+    check_cuda(cudaEventRecord(marks[2 + 2 * round], st.stream), "attention (time the routes)");
+  }
+  check_cuda(cudaEventSynchronize(marks[4]), "attention (time the routes)");
+  float ms[4] = {};
+  for (int i = 0; i < 4; ++i) check_cuda(cudaEventElapsedTime(&ms[i], marks[i], marks[i + 1]), "attention (time the routes)");
+  for (cudaEvent_t e : marks) cudaEventDestroy(e);
+  timing.kernels_ms = std::min(ms[0], ms[2]);
+  timing.gemm_ms = std::min(ms[1], ms[3]);
+  timing.gemm = timing.gemm_ms < timing.kernels_ms;
+  st.attention_routes[key] = timing;
+  return timing.gemm;
+}
+
 void CudaBackend::attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                                  const AttentionShape& s, float* out) {
-  const int64_t queries = s.batch * s.query_len * s.heads;
-  if (queries == 0) return;
-  if (attention_by_gemm()) {
-    const int64_t L = attention_key_slots(s);
-    auto* scores = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(queries * L) * 4));
-    run_products(*state_, attention_score_products(s), k, q, scores);
-    score_softmax_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(scores, nullptr, key_valid, s, L);
-    check_launch("attention (softmax)");
-    run_products(*state_, attention_sum_products(s), v, scores, out);
-    return;
-  }
-  const size_t shared = attention_shared_bytes(attention_kernel, s, 2, gpu_);
-  attention_kernel<<<unsigned(queries), attention_threads(s, queries), shared, state_->stream>>>(q, k, v, key_valid, s,
-                                                                                                out);
-  check_launch("attention");
+  if (s.batch * s.query_len * s.heads == 0) return;
+  CudaState& st = *state_;
+  const auto run = [&](bool gemm) {
+    if (gemm) attention_by_products(st, q, k, v, key_valid, s, out);
+    else attention_by_kernels(st, gpu_, q, k, v, key_valid, s, out);
+  };
+  run(attention_by_gemm(st, s, /*backward=*/false, run));
 }
 
 void CudaBackend::attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                                           const AttentionShape& s, const float* dout, float* dq, float* dk,
                                           float* dv) {
-  const int64_t queries = s.batch * s.query_len * s.heads, keys = s.batch * s.capacity * s.kv_heads;
-  if (keys == 0) return;
-  if (attention_by_gemm()) {
-    const int64_t L = attention_key_slots(s);
-    const size_t kv_bytes = size_t(keys * s.head_dim) * sizeof(float);
-    check_cuda(cudaMemsetAsync(dk, 0, kv_bytes, state_->stream), "attention_backward");
-    check_cuda(cudaMemsetAsync(dv, 0, kv_bytes, state_->stream), "attention_backward");
-    if (queries == 0) return;
-    const int64_t n = queries * L;  // probabilities, score gradients, capped scores
-    auto* probs = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(3 * n) * 4));
-    float *dscores = probs + n, *capped = s.soft_cap > 0 ? probs + 2 * n : nullptr;
-    run_products(*state_, attention_score_products(s), k, q, probs);
-    score_softmax_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(probs, capped, key_valid, s, L);
-    run_products(*state_, attention_score_products(s), v, dout, dscores);  // dp = dout·vᵀ
-    score_softmax_backward_kernel<<<unsigned(queries), kThreads, 0, state_->stream>>>(probs, capped, dscores, s, L);
-    check_launch("attention_backward (softmax)");
-    run_products(*state_, attention_sum_products(s), k, dscores, dq);
-    run_products(*state_, attention_key_gradient_products(s), q, dscores, dk);
-    run_products(*state_, attention_key_gradient_products(s), dout, probs, dv);
-    return;
+  if (s.batch * s.capacity * s.kv_heads == 0) return;
+  CudaState& st = *state_;
+  const AttentionGradients g{dout, dq, dk, dv};
+  const auto run = [&](bool gemm) {
+    if (gemm) attention_backward_by_products(st, q, k, v, key_valid, s, g);
+    else attention_backward_by_kernels(st, gpu_, q, k, v, key_valid, s, g);
+  };
+  run(attention_by_gemm(st, s, /*backward=*/true, run));
+}
+
+std::vector<std::string> CudaBackend::attention_routes() const {
+  std::vector<std::string> lines;
+  for (const auto& [key, t] : state_->attention_routes) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%s: kernels %.3f ms, gemm %.3f ms -> %s", key.c_str(), t.kernels_ms, t.gemm_ms,
+                  t.gemm ? "gemm" : "kernels");
+    lines.push_back(line);
   }
-  auto* probs = static_cast<float*>(state_->scratch_for(kAttentionScratch, size_t(2 * queries * s.capacity) * 4 + 4));
-  float* dscores = probs + queries * s.capacity;
-  if (queries > 0) {
-    const size_t shared = attention_shared_bytes(attention_backward_kernel, s, 3, gpu_);
-    attention_backward_kernel<<<unsigned(queries), attention_threads(s, queries), shared, state_->stream>>>(
-        q, k, v, key_valid, s, dout, dq, probs, dscores);
-    check_launch("attention_backward");
-  }
-  const unsigned threads = unsigned(std::min<int64_t>(256, (s.head_dim + 31) / 32 * 32));
-  attention_key_gradients_kernel<<<unsigned(keys), threads, 0, state_->stream>>>(q, dout, probs, dscores, s, dk, dv);
-  check_launch("attention_backward (keys)");
+  return lines;
 }
 
 void CudaBackend::geglu_impl(float* gate, const float* up, int64_t n) {

@@ -32,12 +32,16 @@ enum cudaError {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
   cudaErrorLaunchFailure = 719,
 };
 typedef cudaError cudaError_t;
 
 struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
+// An event: the host clock when it was recorded (the emulator runs every call to its end at once).
+struct CUevent_st;
+typedef CUevent_st* cudaEvent_t;
 #define cudaStreamNonBlocking 0x01
 
 enum cudaMemcpyKind {
@@ -68,6 +72,11 @@ cudaError_t cudaMalloc(void** p, size_t bytes);
 cudaError_t cudaFree(void* p);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream);
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorString(cudaError_t error);
 
