@@ -450,6 +450,37 @@ std::vector<OpCase> data_movement_cases() {
   elementwise.tolerance = 0;  // exact on every backend
   cases.push_back(std::move(elementwise));
 
+  // Arrays narrowed into consecutive parts of one bf16 array and widened back (as training keeps a
+  // block's activations under mixed_bfloat16): 20 parts of different sizes, some empty — more than
+  // one launch of the CUDA backend takes (16).
+  OpCase parts;
+  parts.name = "bf16_parts";
+  parts.make_inputs = [] { return Inputs{random_vector(30000, 31, 3.f)}; };
+  parts.forward = [](Backend& b, Inputs& in) {
+    const FloatBuffer x = put(b, in[0]);
+    std::vector<ConstFloats> from;
+    std::vector<FloatBuffer> widened(20);
+    std::vector<Floats> to;
+    size_t offset = 0, total = 0;
+    for (size_t p = 0; p < 20; ++p) {
+      const size_t n = p % 7 == 3 ? 0 : 97 * p * p % 2900 + 1;
+      from.push_back(ConstFloats(x).part(offset, n));
+      offset += n + 13;  // the parts need not be adjacent
+      total += n;
+      widened[p] = put(b, zeros(int64_t(n)));
+      to.push_back(widened[p]);
+    }
+    Buffer<uint16_t> packed;
+    b.resize(packed, total);
+    b.narrow_to_bf16(from, packed);
+    b.widen_bf16(packed, to);
+    Inputs out;
+    for (const FloatBuffer& w : widened) out.push_back(get(b, w));
+    return out;
+  };
+  parts.tolerance = 0;
+  cases.push_back(std::move(parts));
+
   OpCase adamw;
   adamw.name = "adamw_update";
   adamw.make_inputs = [] {
@@ -484,9 +515,13 @@ std::vector<OpCase> data_movement_cases() {
     with_nan[size_t(n - 3)] = NAN;
     const FloatBuffer not_finite = put(b, with_nan);
     const ConstFloats finite = x, bad = not_finite, empty;
+    // More arrays than one launch of the CUDA backend takes (64), the first bad one past them.
+    std::vector<ConstFloats> many;
+    for (int i = 0; i < 70; ++i) many.push_back(i == 66 || i == 68 ? bad : i % 5 == 0 ? empty : finite.part(size_t(i), 1000));
     const Values flags = {float(b.first_not_finite({finite})), float(b.first_not_finite({finite, empty, bad, finite})),
                           float(b.first_not_finite({bad.part(0, size_t(n - 3)), finite})),
-                          float(b.first_not_finite({bad, bad})), float(b.first_not_finite({}))};
+                          float(b.first_not_finite({bad, bad})), float(b.first_not_finite({})),
+                          float(b.first_not_finite(many))};
     return Inputs{Values{float(sum)}, get(b, ratio), get(b, clamped), flags};
   };
   clipping.tolerance = 1e-7;  // the sum's order differs (blocks); the rest is exact

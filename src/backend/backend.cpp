@@ -414,6 +414,40 @@ void Backend::clamp(Floats x, int64_t n, float limit) {
   clamp_impl(x.data, n, limit);
 }
 
+void Backend::narrow_to_bf16(const std::vector<ConstFloats>& parts, Span<uint16_t> dst) {
+  int64_t total = 0;
+  for (const ConstFloats& part : parts) {
+    need(*this, part, int64_t(part.size), "narrow_to_bf16", "part");
+    total += int64_t(part.size);
+  }
+  need(*this, dst, total, "narrow_to_bf16", "dst");
+  narrow_parts_to_bf16_impl(parts, dst.data);
+}
+
+void Backend::widen_bf16(Span<const uint16_t> src, const std::vector<Floats>& parts) {
+  int64_t total = 0;
+  for (const Floats& part : parts) {
+    need(*this, part, int64_t(part.size), "widen_bf16", "part");
+    total += int64_t(part.size);
+  }
+  need(*this, src, total, "widen_bf16", "src");
+  widen_bf16_parts_impl(src.data, parts);
+}
+
+void Backend::narrow_parts_to_bf16_impl(const std::vector<ConstFloats>& parts, uint16_t* dst) {
+  for (const ConstFloats& part : parts) {
+    if (part.size > 0) narrow_to_bf16_impl(part.data, int64_t(part.size), dst);
+    dst += part.size;
+  }
+}
+
+void Backend::widen_bf16_parts_impl(const uint16_t* src, const std::vector<Floats>& parts) {
+  for (const Floats& part : parts) {
+    if (part.size > 0) widen_bf16_impl(src, int64_t(part.size), part.data);
+    src += part.size;
+  }
+}
+
 int64_t Backend::first_not_finite(const std::vector<ConstFloats>& arrays) {
   for (const ConstFloats& a : arrays) need(*this, a, int64_t(a.size), "first_not_finite", "array");
   return first_not_finite_impl(arrays);

@@ -129,6 +129,10 @@ class Backend : public Allocator {
   void scale(Floats x, int64_t n, float factor);           // x ·= factor
   void narrow_to_bf16(ConstFloats src, int64_t n, Span<uint16_t> dst);
   void widen_bf16(Span<const uint16_t> src, int64_t n, Floats dst);
+  // Several arrays narrowed, in order, into consecutive parts of `dst`, and widened back from them:
+  // a block's saved activations in one call (on a GPU one launch, not one per array).
+  void narrow_to_bf16(const std::vector<ConstFloats>& parts, Span<uint16_t> dst);
+  void widen_bf16(Span<const uint16_t> src, const std::vector<Floats>& parts);
 
   // ---- optimizer ----
   void adamw_update(Floats theta, ConstFloats grad, Floats m, Floats v, int64_t n, const AdamWStep& step);
@@ -201,6 +205,9 @@ class Backend : public Allocator {
   virtual void scale_impl(float* x, int64_t n, float factor) = 0;
   virtual void narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) = 0;
   virtual void widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) = 0;
+  // By default each part on its own (narrow_to_bf16_impl / widen_bf16_impl).
+  virtual void narrow_parts_to_bf16_impl(const std::vector<ConstFloats>& parts, uint16_t* dst);
+  virtual void widen_bf16_parts_impl(const uint16_t* src, const std::vector<Floats>& parts);
   virtual void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
                                  const AdamWStep& step) = 0;
   virtual double sum_of_squares_impl(const float* x, int64_t n) = 0;

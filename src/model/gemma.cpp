@@ -251,25 +251,21 @@ void SavedBlocks::keep(int layer) {
   for (size_t i = 0; i < kBuffers; ++i) total += sizes_[size_t(layer)][i] = buffers[i]->size();
   Bf16Buffer& packed = packed_[size_t(layer)];
   backend_->resize(packed, total);
-  size_t offset = 0;
-  for (const FloatBuffer* b : buffers) {
-    backend_->narrow_to_bf16(*b, int64_t(b->size()), packed.span().part(offset, b->size()));
-    offset += b->size();
-  }
+  std::vector<ConstFloats> parts;
+  for (const FloatBuffer* b : buffers) parts.push_back(*b);
+  backend_->narrow_to_bf16(parts, packed);
 }
 
 const BlockActivations& SavedBlocks::backward_set(int layer) {
   BlockActivations& a = fp32_[bf16_ ? 0 : size_t(layer)];
   if (!bf16_) return a;
   const auto buffers = activation_buffers(a);
-  const Bf16Buffer& packed = packed_[size_t(layer)];
-  size_t offset = 0;
+  std::vector<Floats> parts;
   for (size_t i = 0; i < kBuffers; ++i) {
-    const size_t n = sizes_[size_t(layer)][i];
-    backend_->resize(*buffers[i], n);
-    backend_->widen_bf16(packed.span().part(offset, n), int64_t(n), *buffers[i]);
-    offset += n;
+    backend_->resize(*buffers[i], sizes_[size_t(layer)][i]);
+    parts.push_back(*buffers[i]);
   }
+  backend_->widen_bf16(packed_[size_t(layer)], parts);
   return a;
 }
 

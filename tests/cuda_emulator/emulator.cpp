@@ -301,8 +301,14 @@ std::unordered_map<const void*, int>& max_dynamic_shared() {
 
 }  // namespace
 
+Counts& counts() {
+  static auto* counted = new Counts;
+  return *counted;
+}
+
 void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* kernel, const char* name,
                 const std::function<void()>& thread) {
+  ++counts().launches[name];
   const uint64_t threads = uint64_t(block_shape.x) * block_shape.y * block_shape.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
     record(cudaErrorInvalidConfiguration, std::string(name) + ": a launch of " + std::to_string(grid.x) + " x " + std::to_string(grid.y) +
@@ -385,6 +391,7 @@ cublasStatus_t gemm_checked(cublasOperation_t ta, cublasOperation_t tb, int m, i
   if (Atype != Btype || (Atype != CUDA_R_32F && Atype != CUDA_R_16BF) || Ctype != CUDA_R_32F ||
       compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
+  ++counts().products;
   const float a = *static_cast<const float*>(alpha), bt = *static_cast<const float*>(beta);
   const size_t in_size = Atype == CUDA_R_32F ? 4 : 2;
   // Every matrix the product reads or writes lies inside one device allocation (a GPU faults on host
@@ -479,7 +486,10 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }  // every call ran to its end
+cudaError_t cudaStreamSynchronize(cudaStream_t) {  // every call ran to its end
+  ++cuda_emulator::counts().synchronizations;
+  return cudaSuccess;
+}
 
 struct CUevent_st {
   std::chrono::steady_clock::time_point when;
@@ -499,6 +509,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  ++cuda_emulator::counts().synchronizations;
   return event ? cudaSuccess : record(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: no event");
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
@@ -536,6 +547,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (!src_device && on_device(src, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host source on the device");
   if (!dst_device && on_device(dst, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host target on the device");
   std::memmove(dst, src, bytes);
+  if (kind == cudaMemcpyHostToDevice) ++counts().uploads;
+  if (kind == cudaMemcpyDeviceToHost) ++counts().downloads;
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {

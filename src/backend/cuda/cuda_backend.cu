@@ -113,10 +113,66 @@ static void widen(CudaState& s, const uint16_t* src, int64_t n, float* dst) {
   check_launch("widen_bf16");
 }
 
+// Several fp32 arrays and their consecutive parts of one bf16 array, up to 16 a launch (a kernel
+// parameter): blockIdx.y picks the part, the blocks along x stride over its elements.
+constexpr int kPartsPerLaunch = 16;
+struct Bf16Parts {
+  float* f32[kPartsPerLaunch];
+  int64_t size[kPartsPerLaunch];
+  int64_t offset[kPartsPerLaunch];  // of the part in the bf16 array
+};
+
+__global__ void narrow_parts_kernel(Bf16Parts parts, uint16_t* dst) {
+  const float* src = parts.f32[blockIdx.y];
+  uint16_t* out = dst + parts.offset[blockIdx.y];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < parts.size[blockIdx.y];
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = f32_to_bf16(src[i]);
+}
+__global__ void widen_parts_kernel(const uint16_t* src, Bf16Parts parts) {
+  const uint16_t* in = src + parts.offset[blockIdx.y];
+  float* out = parts.f32[blockIdx.y];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < parts.size[blockIdx.y];
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = bf16_to_f32(in[i]);
+}
+
+// Calls launch(parts of one launch, blocks along x) for each group of kPartsPerLaunch parts.
+template <class Part, class Launch>
+static void for_each_launch_of_parts(const std::vector<Part>& parts, const Launch& launch) {
+  int64_t offset = 0;
+  for (size_t first = 0; first < parts.size(); first += kPartsPerLaunch) {
+    const size_t count = std::min(parts.size() - first, size_t(kPartsPerLaunch));
+    Bf16Parts batch{};
+    int64_t largest = 0;
+    for (size_t p = 0; p < count; ++p) {
+      batch.f32[p] = const_cast<float*>(parts[first + p].data);  // read only, when narrowing
+      batch.size[p] = int64_t(parts[first + p].size);
+      batch.offset[p] = offset;
+      offset += batch.size[p];
+      largest = std::max(largest, batch.size[p]);
+    }
+    if (largest > 0) launch(batch, dim3(unsigned(blocks_for(largest)), unsigned(count)));
+  }
+}
+
 }  // namespace
 
 void CudaBackend::narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) { narrow(*state_, src, n, dst); }
 void CudaBackend::widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) { widen(*state_, src, n, dst); }
+
+void CudaBackend::narrow_parts_to_bf16_impl(const std::vector<ConstFloats>& parts, uint16_t* dst) {
+  for_each_launch_of_parts(parts, [&](const Bf16Parts& batch, dim3 grid) {
+    narrow_parts_kernel<<<grid, kThreads, 0, state_->stream>>>(batch, dst);
+    check_launch("narrow_to_bf16 (parts)");
+  });
+}
+void CudaBackend::widen_bf16_parts_impl(const uint16_t* src, const std::vector<Floats>& parts) {
+  for_each_launch_of_parts(parts, [&](const Bf16Parts& batch, dim3 grid) {
+    widen_parts_kernel<<<grid, kThreads, 0, state_->stream>>>(src, batch);
+    check_launch("widen_bf16 (parts)");
+  });
+}
 
 // ---- linear: y = x·Wᵀ and its gradients, through cuBLAS ----
 // cuBLAS is column-major: a row-major [R, C] array is its column-major [C, R] transpose, so

@@ -87,6 +87,8 @@ class CudaBackend final : public Backend {
   void scale_impl(float* x, int64_t n, float factor) override;
   void narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) override;
   void widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) override;
+  void narrow_parts_to_bf16_impl(const std::vector<ConstFloats>& parts, uint16_t* dst) override;
+  void widen_bf16_parts_impl(const uint16_t* src, const std::vector<Floats>& parts) override;
   void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
                          const AdamWStep& step) override;
   double sum_of_squares_impl(const float* x, int64_t n) override;

@@ -519,8 +519,18 @@ __global__ void scale_by_ratio_kernel(float* x, int64_t n, float numerator, floa
 __global__ void clamp_kernel(float* x, int64_t n, float limit) {
   FOR_EACH_INDEX(i, n) x[i] = x[i] < -limit ? -limit : (limit < x[i] ? limit : x[i]);  // std::clamp's order
 }
-__global__ void not_finite_kernel(const float* x, int64_t n, int* not_finite) {
-  FOR_EACH_INDEX(i, n) if (!isfinite(x[i])) *not_finite = 1;
+// Up to 64 arrays in one launch, their pointers and sizes a kernel parameter (1 KB): blockIdx.y picks
+// the array, the blocks along x stride over its elements.
+constexpr int kArraysPerLaunch = 64;
+struct ArrayBatch {
+  const float* data[kArraysPerLaunch];
+  int64_t size[kArraysPerLaunch];
+};
+__global__ void not_finite_kernel(ArrayBatch arrays, int* not_finite) {
+  const float* x = arrays.data[blockIdx.y];
+  const int64_t n = arrays.size[blockIdx.y];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    if (!isfinite(x[i])) not_finite[blockIdx.y] = 1;
 }
 
 }  // namespace
@@ -865,15 +875,24 @@ void CudaBackend::clamp_impl(float* x, int64_t n, float limit) {
 }
 int64_t CudaBackend::first_not_finite_impl(const std::vector<ConstFloats>& arrays) {
   if (arrays.empty()) return -1;
-  // One flag per array, raised by its kernel; all brought back at once (the trainer checks every
+  // One flag per array, raised by the blocks of its row of a launch (64 arrays a launch); all brought back at once (the trainer checks every
   // gradient and every updated value each step: one round trip, not one per parameter).
   auto* flags = static_cast<int*>(state_->scratch_for(kSumScratch, arrays.size() * sizeof(int)));
   check_cuda(cudaMemsetAsync(flags, 0, arrays.size() * sizeof(int), state_->stream), "first_not_finite");
-  for (size_t a = 0; a < arrays.size(); ++a)
-    if (arrays[a].size > 0)
-      not_finite_kernel<<<blocks_for(int64_t(arrays[a].size)), kThreads, 0, state_->stream>>>(
-          arrays[a].data, int64_t(arrays[a].size), flags + a);
-  check_launch("first_not_finite");
+  for (size_t first = 0; first < arrays.size(); first += kArraysPerLaunch) {
+    const size_t count = std::min(arrays.size() - first, size_t(kArraysPerLaunch));
+    ArrayBatch batch{};
+    int64_t largest = 0;
+    for (size_t a = 0; a < count; ++a) {
+      batch.data[a] = arrays[first + a].data;
+      batch.size[a] = int64_t(arrays[first + a].size);
+      largest = std::max(largest, batch.size[a]);
+    }
+    if (largest == 0) continue;
+    not_finite_kernel<<<dim3(unsigned(blocks_for(largest)), unsigned(count)), kThreads, 0, state_->stream>>>(
+        batch, flags + first);
+    check_launch("first_not_finite");
+  }
   std::vector<int> raised(arrays.size());
   download_impl(flags, raised.size() * sizeof(int), raised.data());
   for (size_t a = 0; a < raised.size(); ++a)

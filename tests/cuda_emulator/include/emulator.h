@@ -25,6 +25,8 @@
 #include <tuple>
 #include <type_traits>
 
+#include "../emulator_counts.h"
+
 namespace cuda_emulator {
 
 // Runs `thread` (a kernel with its arguments bound) for every thread of every block of the launch;
