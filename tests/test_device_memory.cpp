@@ -470,6 +470,38 @@ TEST(Cuda, ALoraStepsRoundTripsAndLaunchesAreBounded) {
   EXPECT_LE(launches, 170);
   EXPECT_LE(after.products - before.products, 120);
 }
+
+// The same for greedy decoding: what 8 more tokens cost (16 against 8 tokens of the same prompts,
+// so that the prompt's prefill and the set-up cancel). Each token needs one download (its argmax).
+TEST(Cuda, ADecodeStepsRoundTripsAndLaunchesAreBounded) {
+  const GemmaModel host = gemma2_tiny();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  const GemmaModel model = upload_model(host, *gpu);
+  auto generate = [&](int max_length) {
+    std::vector<std::vector<int32_t>> ids = {{2, 5, 9}, {2, 7}};
+    std::vector<std::vector<uint8_t>> mask = {{1, 1, 1}, {1, 1}};
+    for (size_t r = 0; r < 2; ++r) ids[r].resize(size_t(max_length), 0), mask[r].resize(size_t(max_length), 0);
+    GenerateOptions options;
+    options.max_length = max_length;
+    options.sampler.name = "greedy";
+    options.stop_token_ids = {};
+    const cuda_emulator::Counts before = cuda_emulator::counts();
+    generate_ids(Context{*gpu}, model, ids, mask, options);
+    const cuda_emulator::Counts& after = cuda_emulator::counts();
+    return std::array<int64_t, 3>{after.kernel_launches() - before.kernel_launches(), after.products - before.products,
+                                  after.downloads - before.downloads};
+  };
+  generate(8), generate(16);  // the first of each length (cache size): attention routes measured, memory allocated
+  const auto short_run = generate(8), long_run = generate(16);
+  std::printf("8 decode steps of the tiny Gemma 2 (%d layers): %lld kernel launches, %lld cuBLAS products, %lld "
+              "downloads\n",
+              host.config.num_layers, (long long)(long_run[0] - short_run[0]), (long long)(long_run[1] - short_run[1]),
+              (long long)(long_run[2] - short_run[2]));
+  EXPECT_EQ(long_run[2] - short_run[2], 8);
+  // Measured 248 launches, and 120 cuBLAS products with the per-query attention kernels (248 with
+  // attention as products, which decode's single queries make one call per row and head group).
+  EXPECT_LE(long_run[0] - short_run[0], 260);
+}
 #endif
 
 #endif
