@@ -495,6 +495,19 @@ std::vector<OpCase> data_movement_cases() {
       step.decay = decay;
       b.adamw_update(theta, put(b, in[1]), m, v, int64_t(in[0].size()), step);
     }
+    // Then 30 variables (parts of the same arrays, some empty) in one call, decay on every third —
+    // more than one launch of the CUDA backend takes (24).
+    const FloatBuffer grad = put(b, in[1]);
+    std::vector<AdamWVariable> variables;
+    size_t offset = 0;
+    for (size_t x = 0; x < 30; ++x) {
+      const size_t n = x % 11 == 4 ? 0 : x + 3;
+      variables.push_back({Floats(theta).part(offset, n), ConstFloats(grad).part(offset, n), Floats(m).part(offset, n),
+                           Floats(v).part(offset, n), int64_t(n), x % 3 == 0});
+      offset += n;
+    }
+    step.decay = true;  // ignored: each variable's own
+    b.adamw_update(variables, step);
     return Inputs{get(b, theta), get(b, m), get(b, v)};
   };
   adamw.tolerance = 0;  // Keras' order of roundings, bit for bit on every path

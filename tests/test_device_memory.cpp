@@ -464,10 +464,10 @@ TEST(Cuda, ALoraStepsRoundTripsAndLaunchesAreBounded) {
     if (step > 0) std::printf("  %-40s %lld\n", name.c_str(), (long long)step);
   }
   EXPECT_LE(after.downloads - before.downloads, 3);
-  // Measured 156 launches and 114 products (the fp32-stored weights narrowed at each bf16 product
-  // included); one launch per saved activation, per parameter's finiteness check or per LoRA
-  // product, as before, would exceed these.
-  EXPECT_LE(launches, 170);
+  // Measured 149 launches and 114 products (the fp32-stored weights narrowed at each bf16 product
+  // included); one launch per saved activation, per parameter's finiteness check or AdamW update,
+  // or per LoRA product, as before, would exceed these.
+  EXPECT_LE(launches, 165);
   EXPECT_LE(after.products - before.products, 120);
 }
 

@@ -399,6 +399,24 @@ void Backend::adamw_update(Floats theta, ConstFloats grad, Floats m, Floats v, i
   adamw_update_impl(theta.data, grad.data, m.data, v.data, n, step);
 }
 
+void Backend::adamw_update(const std::vector<AdamWVariable>& variables, const AdamWStep& step) {
+  for (const AdamWVariable& x : variables) {
+    need(*this, x.theta, x.n, "adamw_update", "theta");
+    need(*this, x.grad, x.n, "adamw_update", "grad");
+    need(*this, x.m, x.n, "adamw_update", "m");
+    need(*this, x.v, x.n, "adamw_update", "v");
+  }
+  adamw_update_many_impl(variables, step);
+}
+
+void Backend::adamw_update_many_impl(const std::vector<AdamWVariable>& variables, const AdamWStep& step) {
+  for (const AdamWVariable& x : variables) {
+    AdamWStep own = step;
+    own.decay = x.decay;
+    if (x.n > 0) adamw_update_impl(x.theta.data, x.grad.data, x.m.data, x.v.data, x.n, own);
+  }
+}
+
 double Backend::sum_of_squares(ConstFloats x, int64_t n) {
   need(*this, x, n, "sum_of_squares", "x");
   return n > 0 ? sum_of_squares_impl(x.data, n) : 0.0;

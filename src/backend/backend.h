@@ -24,6 +24,16 @@ namespace meshtune {
 using Floats = Span<float>;
 using ConstFloats = Span<const float>;
 
+// One variable of an optimizer step over many: its value, gradient and AdamW slots (n values each),
+// and whether weight decay applies to it.
+struct AdamWVariable {
+  Floats theta;
+  ConstFloats grad;
+  Floats m, v;
+  int64_t n = 0;
+  bool decay = false;
+};
+
 class Backend : public Allocator {
  public:
   ~Backend() override = default;
@@ -136,6 +146,9 @@ class Backend : public Allocator {
 
   // ---- optimizer ----
   void adamw_update(Floats theta, ConstFloats grad, Floats m, Floats v, int64_t n, const AdamWStep& step);
+  // Every variable of a step at once, each with its own `decay` (step.decay is ignored): on a GPU a
+  // few launches instead of one per variable.
+  void adamw_update(const std::vector<AdamWVariable>& variables, const AdamWStep& step);
   // Gradient clipping and Keras' TerminateOnNaN check: Σx² (summed in double, in index order, and
   // brought back to the host); x = (x·numerator)/denominator (two roundings, Keras' clipnorm);
   // x = clamp(x, −limit, limit) (clipvalue); the index of the first of `arrays` holding a NaN or an
@@ -208,6 +221,8 @@ class Backend : public Allocator {
   // By default each part on its own (narrow_to_bf16_impl / widen_bf16_impl).
   virtual void narrow_parts_to_bf16_impl(const std::vector<ConstFloats>& parts, uint16_t* dst);
   virtual void widen_bf16_parts_impl(const uint16_t* src, const std::vector<Floats>& parts);
+  // By default each variable on its own (adamw_update_impl).
+  virtual void adamw_update_many_impl(const std::vector<AdamWVariable>& variables, const AdamWStep& step);
   virtual void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
                                  const AdamWStep& step) = 0;
   virtual double sum_of_squares_impl(const float* x, int64_t n) = 0;

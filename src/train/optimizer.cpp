@@ -98,19 +98,19 @@ void AdamW::step(const std::vector<Parameter>& params, double lr_value) {
   const float epsilon = float(options_.epsilon);
 
   // 2. Decay the pre-update value: θ − (θ·wd)·lr; 3.–4. moments, then the step with ε added to the
-  // uncorrected √v (backend/cpu/adamw.h).
+  // uncorrected √v (backend/cpu/adamw.h). Every variable in one call (a few launches on a GPU).
+  const AdamWStep step{.weight_decay = wd,
+                       .learning_rate = lr,
+                       .one_minus_beta_1 = one_minus_beta_1,
+                       .one_minus_beta_2 = one_minus_beta_2,
+                       .alpha = alpha,
+                       .epsilon = epsilon};
+  std::vector<AdamWVariable> variables;
   for (size_t k = 0; k < params.size(); ++k) {
     const Parameter& p = params[k];
-    const AdamWStep step{.decay = decays(p),
-                         .weight_decay = wd,
-                         .learning_rate = lr,
-                         .one_minus_beta_1 = one_minus_beta_1,
-                         .one_minus_beta_2 = one_minus_beta_2,
-                         .alpha = alpha,
-                         .epsilon = epsilon};
-    const size_t n = p.size;
-    backend.adamw_update(p.value, p.grad, momentums[k], velocities[k], int64_t(n), step);
+    variables.push_back({p.value, p.grad, momentums[k], velocities[k], int64_t(p.size), decays(p)});
   }
+  backend.adamw_update(variables, step);
   ++iterations;
 }
 

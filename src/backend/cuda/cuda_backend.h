@@ -91,6 +91,7 @@ class CudaBackend final : public Backend {
   void widen_bf16_parts_impl(const uint16_t* src, const std::vector<Floats>& parts) override;
   void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,
                          const AdamWStep& step) override;
+  void adamw_update_many_impl(const std::vector<AdamWVariable>& variables, const AdamWStep& step) override;
   double sum_of_squares_impl(const float* x, int64_t n) override;
   void scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) override;
   void clamp_impl(float* x, int64_t n, float limit) override;

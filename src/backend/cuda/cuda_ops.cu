@@ -499,6 +499,25 @@ __global__ void scale_kernel(float* x, int64_t n, float factor) { FOR_EACH_INDEX
 __global__ void adamw_kernel(float* theta, const float* grad, float* m, float* v, int64_t n, AdamWStep step) {
   FOR_EACH_INDEX(i, n) adamw_update_one(theta[i], grad[i], m[i], v[i], step);
 }
+// Up to 24 variables a launch, their pointers a kernel parameter (1.2 KB): blockIdx.y picks the
+// variable, the blocks along x stride over its values.
+constexpr int kVariablesPerLaunch = 24;
+struct AdamWBatch {
+  float* theta[kVariablesPerLaunch];
+  const float* grad[kVariablesPerLaunch];
+  float* m[kVariablesPerLaunch];
+  float* v[kVariablesPerLaunch];
+  int64_t n[kVariablesPerLaunch];
+  bool decay[kVariablesPerLaunch];
+};
+__global__ void adamw_many_kernel(AdamWBatch batch, AdamWStep step) {
+  const int x = blockIdx.y;
+  step.decay = batch.decay[x];
+  float *theta = batch.theta[x], *m = batch.m[x], *v = batch.v[x];
+  const float* grad = batch.grad[x];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < batch.n[x]; i += int64_t(gridDim.x) * blockDim.x)
+    adamw_update_one(theta[i], grad[i], m[i], v[i], step);
+}
 
 constexpr int kSumBlocks = 256;  // fixed, so that the partial sums — and the total — do not depend on n
 
@@ -854,6 +873,23 @@ void CudaBackend::adamw_update_impl(float* theta, const float* grad, float* m, f
                                     const AdamWStep& step) {
   adamw_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(theta, grad, m, v, n, step);
   check_launch("adamw_update");
+}
+void CudaBackend::adamw_update_many_impl(const std::vector<AdamWVariable>& variables, const AdamWStep& step) {
+  for (size_t first = 0; first < variables.size(); first += kVariablesPerLaunch) {
+    const size_t count = std::min(variables.size() - first, size_t(kVariablesPerLaunch));
+    AdamWBatch batch{};
+    int64_t largest = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const AdamWVariable& x = variables[first + i];
+      batch.theta[i] = x.theta.data, batch.grad[i] = x.grad.data, batch.m[i] = x.m.data, batch.v[i] = x.v.data;
+      batch.n[i] = x.n, batch.decay[i] = x.decay;
+      largest = std::max(largest, x.n);
+    }
+    if (largest == 0) continue;
+    adamw_many_kernel<<<dim3(unsigned(blocks_for(largest)), unsigned(count)), kThreads, 0, state_->stream>>>(batch,
+                                                                                                            step);
+    check_launch("adamw_update");
+  }
 }
 
 double CudaBackend::sum_of_squares_impl(const float* x, int64_t n) {
