@@ -423,16 +423,23 @@ TEST(Cuda, AttentionRouteIsMeasuredOncePerShape) {
   EXPECT_EQ(cuda_attention_routes(*gpu), routes);
 }
 
+// A LoRA trainer (query and value adapters) of `host` on `gpu`, after its first step on `batch` —
+// the step that measures the attention routes and allocates the memory later steps reuse.
+static std::unique_ptr<Trainer> lora_trainer_after_a_step(Backend& gpu, const GemmaModel& host, const SmallBatch& batch,
+                                                          MatmulPrecision precision, int rank) {
+  auto trainer = std::make_unique<Trainer>(gpu, precision, upload_model(host, gpu),
+                                           enable_lora(host.config, rank, {Slot::Query, Slot::Value}, 3), FitOptions{});
+  trainer->train_step(as_batch(batch), 1e-3);
+  return trainer;
+}
+
 TEST(Cuda, AStepOfASeenShapeAllocatesNothing) {
   const GemmaModel host = gemma2_tiny();
   const SmallBatch batch(host.config.vocab_size);
   const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
-  FitOptions options;
-  Trainer trainer(*gpu, MatmulPrecision::F32, upload_model(host, *gpu),
-                  enable_lora(host.config, 2, {Slot::Query, Slot::Value}, 3), options);
-  trainer.train_step(as_batch(batch), 1e-3);
+  const auto trainer = lora_trainer_after_a_step(*gpu, host, batch, MatmulPrecision::F32, 2);
   const size_t after_first = gpu->allocations();
-  trainer.train_step(as_batch(batch), 1e-3);
+  trainer->train_step(as_batch(batch), 1e-3);
   EXPECT_EQ(gpu->allocations(), after_first);
 }
 
@@ -445,12 +452,9 @@ TEST(Cuda, ALoraStepsRoundTripsAndLaunchesAreBounded) {
   const GemmaModel host = gemma2_tiny();
   const SmallBatch batch(host.config.vocab_size);
   const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
-  FitOptions options;
-  Trainer trainer(*gpu, MatmulPrecision::BF16, upload_model(host, *gpu),
-                  enable_lora(host.config, 4, {Slot::Query, Slot::Value}, 3), options);
-  trainer.train_step(as_batch(batch), 1e-3);  // the first: attention routes measured, memory allocated
+  const auto trainer = lora_trainer_after_a_step(*gpu, host, batch, MatmulPrecision::BF16, 4);
   const cuda_emulator::Counts before = cuda_emulator::counts();
-  trainer.train_step(as_batch(batch), 1e-3);
+  trainer->train_step(as_batch(batch), 1e-3);
   const cuda_emulator::Counts& after = cuda_emulator::counts();
   const int64_t launches = after.kernel_launches() - before.kernel_launches();
   std::printf("one LoRA step of the tiny Gemma 2 (%d layers): %lld kernel launches, %lld cuBLAS products, %lld uploads, "
