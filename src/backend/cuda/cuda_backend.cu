@@ -96,11 +96,11 @@ void CudaBackend::download_impl(const void* device, size_t bytes, void* host) {
 namespace {  // the kernels and helpers of this file
 
 __global__ void narrow_kernel(const float* src, int64_t n, uint16_t* dst) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  FOR_EACH_INDEX(i, n)
     dst[i] = f32_to_bf16(src[i]);
 }
 __global__ void widen_kernel(const uint16_t* src, int64_t n, float* dst) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+  FOR_EACH_INDEX(i, n)
     dst[i] = bf16_to_f32(src[i]);
 }
 
@@ -113,8 +113,8 @@ static void widen(CudaState& s, const uint16_t* src, int64_t n, float* dst) {
   check_launch("widen_bf16");
 }
 
-// Several fp32 arrays and their consecutive parts of one bf16 array, up to 16 a launch (a kernel
-// parameter): blockIdx.y picks the part, the blocks along x stride over its elements.
+// Several fp32 arrays and their consecutive parts of one bf16 array, up to 16 a launch
+// (cuda::launch_per_group), their pointers a kernel parameter.
 constexpr int kPartsPerLaunch = 16;
 struct Bf16Parts {
   float* f32[kPartsPerLaunch];
@@ -125,35 +125,29 @@ struct Bf16Parts {
 __global__ void narrow_parts_kernel(Bf16Parts parts, uint16_t* dst) {
   const float* src = parts.f32[blockIdx.y];
   uint16_t* out = dst + parts.offset[blockIdx.y];
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < parts.size[blockIdx.y];
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = f32_to_bf16(src[i]);
+  FOR_EACH_INDEX(i, parts.size[blockIdx.y]) out[i] = f32_to_bf16(src[i]);
 }
 __global__ void widen_parts_kernel(const uint16_t* src, Bf16Parts parts) {
   const uint16_t* in = src + parts.offset[blockIdx.y];
   float* out = parts.f32[blockIdx.y];
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < parts.size[blockIdx.y];
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = bf16_to_f32(in[i]);
+  FOR_EACH_INDEX(i, parts.size[blockIdx.y]) out[i] = bf16_to_f32(in[i]);
 }
 
-// Calls launch(parts of one launch, blocks along x) for each group of kPartsPerLaunch parts.
+// Calls launch(the parts of one launch, grid) for each group of kPartsPerLaunch parts.
 template <class Part, class Launch>
 static void for_each_launch_of_parts(const std::vector<Part>& parts, const Launch& launch) {
-  int64_t offset = 0;
-  for (size_t first = 0; first < parts.size(); first += kPartsPerLaunch) {
-    const size_t count = std::min(parts.size() - first, size_t(kPartsPerLaunch));
+  std::vector<int64_t> offsets(parts.size() + 1, 0);  // of each part in the bf16 array
+  for (size_t p = 0; p < parts.size(); ++p) offsets[p + 1] = offsets[p] + int64_t(parts[p].size);
+  const auto size = [&](size_t p) { return int64_t(parts[p].size); };
+  cuda::launch_per_group(parts.size(), kPartsPerLaunch, size, [&](size_t first, size_t count, dim3 grid) {
     Bf16Parts batch{};
-    int64_t largest = 0;
     for (size_t p = 0; p < count; ++p) {
       batch.f32[p] = const_cast<float*>(parts[first + p].data);  // read only, when narrowing
-      batch.size[p] = int64_t(parts[first + p].size);
-      batch.offset[p] = offset;
-      offset += batch.size[p];
-      largest = std::max(largest, batch.size[p]);
+      batch.size[p] = size(first + p);
+      batch.offset[p] = offsets[first + p];
     }
-    if (largest > 0) launch(batch, dim3(unsigned(blocks_for(largest)), unsigned(count)));
-  }
+    launch(batch, grid);
+  });
 }
 
 }  // namespace
@@ -202,7 +196,7 @@ struct MatmulOperands {
 
 // W's values (code / scale, Keras' dequantization) as fp32: the input gradient goes through them.
 __global__ void dequantize_kernel(const int8_t* codes, const float* scales, int64_t n, int64_t cols, float* out) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+  FOR_EACH_INDEX(e, n)
     out[e] = float(codes[e]) / scales[e / cols];
 }
 
@@ -251,7 +245,7 @@ static MatmulOperands matmul_operands(CudaState& s, const float* activations, in
 // of a row split over processes), exact int32 sums of code products, one division by both scales.
 
 __global__ void quantize_rows_kernel(const float* x, int64_t n, int64_t cols, const float* row_max, int8_t* codes) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x)
+  FOR_EACH_INDEX(e, n)
     codes[e] = int8_code(x[e], int8_scale(row_max[e / cols]));
 }
 
@@ -331,30 +325,40 @@ constexpr int kFactorScratch = 0, kFactorGradientScratch = 1, kDownScratch = 2, 
 int64_t factor_b_offset(const LowRankTerm& t) { return (t.in * t.groups * t.rank + 63) / 64 * 64; }
 size_t factor_bytes(const LowRankTerm& t) { return size_t(factor_b_offset(t) + t.rank * t.out_per_group) * 4; }
 
+// The gathered factors' values — a's in·R, then b's r·og — and element e's place in the term's
+// strided A or B: one mapping for gathering the factors and for adding their gradients back.
+__host__ __device__ inline int64_t factor_elements(const LowRankTerm& t) {
+  return t.in * t.groups * t.rank + t.rank * t.out_per_group;
+}
+struct FactorElement {
+  bool of_a;
+  int64_t packed;   // in a (e), or in b (e − in·R)
+  int64_t strided;  // in A (and ∂A), or in B (and ∂B)
+};
+__device__ inline FactorElement factor_element(const LowRankTerm& t, int64_t e) {
+  const int64_t r = t.rank, R = t.groups * r, og = t.out_per_group, na = t.in * R;
+  if (e < na) {
+    const int64_t i = e / R, g = (e % R) / r, j = e % r;
+    return {true, e, g * t.a_group + i * t.a_row + j * t.a_col};
+  }
+  const int64_t f = e - na, j = f / og, o = f % og;
+  return {false, f, j * t.b_row + o * t.b_col};
+}
+
 __global__ void gather_factors_kernel(LowRankTerm t, float* a, float* b) {
-  const int64_t r = t.rank, R = t.groups * r, og = t.out_per_group, na = t.in * R, n = na + r * og;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    if (e < na) {
-      const int64_t i = e / R, g = (e % R) / r, j = e % r;
-      a[e] = t.a[g * t.a_group + i * t.a_row + j * t.a_col];
-    } else {
-      const int64_t f = e - na, j = f / og, o = f % og;
-      b[f] = t.b[j * t.b_row + o * t.b_col];
-    }
+  FOR_EACH_INDEX(e, factor_elements(t)) {
+    const FactorElement x = factor_element(t, e);
+    if (x.of_a) a[x.packed] = t.a[x.strided];
+    else b[x.packed] = t.b[x.strided];
   }
 }
 
 // ∂A_g(i, j) += ga(i, g·r + j) and ∂B(j, o) += gb(j, o), for the factors the term trains.
 __global__ void add_factor_gradients_kernel(LowRankTerm t, const float* ga, const float* gb) {
-  const int64_t r = t.rank, R = t.groups * r, og = t.out_per_group, na = t.in * R, n = na + r * og;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += int64_t(gridDim.x) * blockDim.x) {
-    if (e < na) {
-      const int64_t i = e / R, g = (e % R) / r, j = e % r;
-      if (t.grad_a) t.grad_a[g * t.a_group + i * t.a_row + j * t.a_col] += ga[e];
-    } else {
-      const int64_t f = e - na, j = f / og, o = f % og;
-      if (t.grad_b) t.grad_b[j * t.b_row + o * t.b_col] += gb[f];
-    }
+  FOR_EACH_INDEX(e, factor_elements(t)) {
+    const FactorElement x = factor_element(t, e);
+    if (x.of_a && t.grad_a) t.grad_a[x.strided] += ga[x.packed];
+    if (!x.of_a && t.grad_b) t.grad_b[x.strided] += gb[x.packed];
   }
 }
 
@@ -366,8 +370,7 @@ struct Factors {
 Factors gather_factors(CudaState& s, const LowRankTerm& t) {
   auto* a = static_cast<float*>(s.scratch_for(kFactorScratch, factor_bytes(t)));
   float* b = a + factor_b_offset(t);
-  const int64_t n = t.in * t.groups * t.rank + t.rank * t.out_per_group;
-  gather_factors_kernel<<<blocks_for(n), kThreads, 0, s.stream>>>(t, a, b);
+  gather_factors_kernel<<<blocks_for(factor_elements(t)), kThreads, 0, s.stream>>>(t, a, b);
   check_launch("low_rank (gather the factors)");
   return {a, b};
 }
@@ -416,8 +419,7 @@ void CudaBackend::low_rank_backward_impl(const float* x, const float* dy, int64_
     project_down(s, x, M, t, f, u);
     cuda::sgemm(s, true, false, r, og, M * t.groups, t.scale, u, r, dy, og, 0.f, gb, og, "low_rank_backward");
   }
-  const int64_t n = t.in * R + r * og;
-  add_factor_gradients_kernel<<<blocks_for(n), kThreads, 0, s.stream>>>(t, ga, gb);
+  add_factor_gradients_kernel<<<blocks_for(factor_elements(t)), kThreads, 0, s.stream>>>(t, ga, gb);
   check_launch("low_rank_backward (add the factors' gradients)");
 }
 

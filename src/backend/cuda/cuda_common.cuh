@@ -82,6 +82,11 @@ __device__ inline double warp_sum(double value) {
   return value;
 }
 
+// Grid-stride loop over [0, n) by threads, along the grid's x (its y is free: the ops over many
+// arrays let blockIdx.y pick the array).
+#define FOR_EACH_INDEX(i, n) \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
 // Grid-stride loop over [0, n) by warps: one warp per item (its lanes share `item`; launch with
 // blocks_for(32·n)).
 #define FOR_EACH_WARP_ITEM(item, n)                                                                      \
@@ -94,6 +99,21 @@ constexpr int kThreads = 256;  // threads per block of the element-wise and per-
 inline int blocks_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return int(blocks < 1 ? 1 : blocks > 8192 ? 8192 : blocks);
+}
+
+// The ops over many arrays (a step's finiteness check and AdamW update, a block's bf16 activations)
+// hand the arrays' pointers to a kernel as a parameter, `per_launch` at a time: launch(first, count,
+// grid) for each group of `items`, grid = (blocks for the group's largest size(i), count), so that
+// blockIdx.y picks the array and FOR_EACH_INDEX strides over its elements. A group of empty arrays
+// launches nothing.
+template <class Size, class Launch>
+void launch_per_group(size_t items, size_t per_launch, const Size& size, const Launch& launch) {
+  for (size_t first = 0; first < items; first += per_launch) {
+    const size_t count = items - first < per_launch ? items - first : per_launch;
+    int64_t largest = 0;
+    for (size_t i = first; i < first + count; ++i) largest = size(i) > largest ? size(i) : largest;
+    if (largest > 0) launch(first, count, dim3(unsigned(blocks_for(largest)), unsigned(count)));
+  }
 }
 
 }  // namespace meshtune::cuda

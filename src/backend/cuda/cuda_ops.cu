@@ -32,10 +32,6 @@ constexpr int kRowScratch = 4;   // per-row values: RMSNorm's 1/rms
 constexpr int kSumScratch = 5;   // partial sums and flags brought back to the host
 constexpr int kAttentionScratch = 6;  // attention backward's probabilities and score gradients
 
-// Grid-stride loop over [0, n).
-#define FOR_EACH_INDEX(i, n) \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
-
 // The largest `value` over the block (every thread gets it).
 __device__ float block_max(float value) {
   __shared__ float partial[32];
@@ -499,8 +495,7 @@ __global__ void scale_kernel(float* x, int64_t n, float factor) { FOR_EACH_INDEX
 __global__ void adamw_kernel(float* theta, const float* grad, float* m, float* v, int64_t n, AdamWStep step) {
   FOR_EACH_INDEX(i, n) adamw_update_one(theta[i], grad[i], m[i], v[i], step);
 }
-// Up to 24 variables a launch, their pointers a kernel parameter (1.2 KB): blockIdx.y picks the
-// variable, the blocks along x stride over its values.
+// Up to 24 variables a launch (cuda::launch_per_group), their pointers a kernel parameter (1.2 KB).
 constexpr int kVariablesPerLaunch = 24;
 struct AdamWBatch {
   float* theta[kVariablesPerLaunch];
@@ -515,8 +510,7 @@ __global__ void adamw_many_kernel(AdamWBatch batch, AdamWStep step) {
   step.decay = batch.decay[x];
   float *theta = batch.theta[x], *m = batch.m[x], *v = batch.v[x];
   const float* grad = batch.grad[x];
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < batch.n[x]; i += int64_t(gridDim.x) * blockDim.x)
-    adamw_update_one(theta[i], grad[i], m[i], v[i], step);
+  FOR_EACH_INDEX(i, batch.n[x]) adamw_update_one(theta[i], grad[i], m[i], v[i], step);
 }
 
 constexpr int kSumBlocks = 256;  // fixed, so that the partial sums — and the total — do not depend on n
@@ -538,8 +532,7 @@ __global__ void scale_by_ratio_kernel(float* x, int64_t n, float numerator, floa
 __global__ void clamp_kernel(float* x, int64_t n, float limit) {
   FOR_EACH_INDEX(i, n) x[i] = x[i] < -limit ? -limit : (limit < x[i] ? limit : x[i]);  // std::clamp's order
 }
-// Up to 64 arrays in one launch, their pointers and sizes a kernel parameter (1 KB): blockIdx.y picks
-// the array, the blocks along x stride over its elements.
+// Up to 64 arrays a launch (cuda::launch_per_group), their pointers and sizes a kernel parameter (1 KB).
 constexpr int kArraysPerLaunch = 64;
 struct ArrayBatch {
   const float* data[kArraysPerLaunch];
@@ -547,9 +540,7 @@ struct ArrayBatch {
 };
 __global__ void not_finite_kernel(ArrayBatch arrays, int* not_finite) {
   const float* x = arrays.data[blockIdx.y];
-  const int64_t n = arrays.size[blockIdx.y];
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    if (!isfinite(x[i])) not_finite[blockIdx.y] = 1;
+  FOR_EACH_INDEX(i, arrays.size[blockIdx.y]) if (!isfinite(x[i])) not_finite[blockIdx.y] = 1;
 }
 
 }  // namespace
@@ -875,21 +866,17 @@ void CudaBackend::adamw_update_impl(float* theta, const float* grad, float* m, f
   check_launch("adamw_update");
 }
 void CudaBackend::adamw_update_many_impl(const std::vector<AdamWVariable>& variables, const AdamWStep& step) {
-  for (size_t first = 0; first < variables.size(); first += kVariablesPerLaunch) {
-    const size_t count = std::min(variables.size() - first, size_t(kVariablesPerLaunch));
+  const auto size = [&](size_t i) { return variables[i].n; };
+  cuda::launch_per_group(variables.size(), kVariablesPerLaunch, size, [&](size_t first, size_t count, dim3 grid) {
     AdamWBatch batch{};
-    int64_t largest = 0;
     for (size_t i = 0; i < count; ++i) {
       const AdamWVariable& x = variables[first + i];
       batch.theta[i] = x.theta.data, batch.grad[i] = x.grad.data, batch.m[i] = x.m.data, batch.v[i] = x.v.data;
       batch.n[i] = x.n, batch.decay[i] = x.decay;
-      largest = std::max(largest, x.n);
     }
-    if (largest == 0) continue;
-    adamw_many_kernel<<<dim3(unsigned(blocks_for(largest)), unsigned(count)), kThreads, 0, state_->stream>>>(batch,
-                                                                                                            step);
+    adamw_many_kernel<<<grid, kThreads, 0, state_->stream>>>(batch, step);
     check_launch("adamw_update");
-  }
+  });
 }
 
 double CudaBackend::sum_of_squares_impl(const float* x, int64_t n) {
@@ -911,24 +898,17 @@ void CudaBackend::clamp_impl(float* x, int64_t n, float limit) {
 }
 int64_t CudaBackend::first_not_finite_impl(const std::vector<ConstFloats>& arrays) {
   if (arrays.empty()) return -1;
-  // One flag per array, raised by the blocks of its row of a launch (64 arrays a launch); all brought back at once (the trainer checks every
-  // gradient and every updated value each step: one round trip, not one per parameter).
+  // One flag per array, raised by its row of blocks (64 arrays a launch); all brought back at once
+  // (the trainer checks every gradient and every updated value each step: one round trip).
   auto* flags = static_cast<int*>(state_->scratch_for(kSumScratch, arrays.size() * sizeof(int)));
   check_cuda(cudaMemsetAsync(flags, 0, arrays.size() * sizeof(int), state_->stream), "first_not_finite");
-  for (size_t first = 0; first < arrays.size(); first += kArraysPerLaunch) {
-    const size_t count = std::min(arrays.size() - first, size_t(kArraysPerLaunch));
+  const auto size = [&](size_t a) { return int64_t(arrays[a].size); };
+  cuda::launch_per_group(arrays.size(), kArraysPerLaunch, size, [&](size_t first, size_t count, dim3 grid) {
     ArrayBatch batch{};
-    int64_t largest = 0;
-    for (size_t a = 0; a < count; ++a) {
-      batch.data[a] = arrays[first + a].data;
-      batch.size[a] = int64_t(arrays[first + a].size);
-      largest = std::max(largest, batch.size[a]);
-    }
-    if (largest == 0) continue;
-    not_finite_kernel<<<dim3(unsigned(blocks_for(largest)), unsigned(count)), kThreads, 0, state_->stream>>>(
-        batch, flags + first);
+    for (size_t a = 0; a < count; ++a) batch.data[a] = arrays[first + a].data, batch.size[a] = size(first + a);
+    not_finite_kernel<<<grid, kThreads, 0, state_->stream>>>(batch, flags + first);
     check_launch("first_not_finite");
-  }
+  });
   std::vector<int> raised(arrays.size());
   download_impl(flags, raised.size() * sizeof(int), raised.data());
   for (size_t a = 0; a < raised.size(); ++a)
