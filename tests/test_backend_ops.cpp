@@ -198,7 +198,9 @@ std::vector<OpCase> norm_cases() {
       return Inputs{get(b, dx), get(b, dscale)};
     };
     if (rows * dim < 1000) c.differentiable = {0, 1};  // finite differences on the small ones
-    c.tolerance = 1e-5;
+    // ∂scale sums 300 rows in fp32, in one part per thread: the error depends on the thread count
+    // (1.06e-5 on the GPU machine's 16 cores, generic path).
+    c.tolerance = rows * dim < 1000 ? 1e-5 : 2e-5;
     cases.push_back(std::move(c));
   }
   return cases;

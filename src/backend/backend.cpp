@@ -334,7 +334,10 @@ void Backend::write_cache_rows(ConstFloats values, int64_t B, int64_t T, int64_t
 void Backend::gather_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst) {
   const int64_t n = int64_t(rows.size);
   need(*this, dst, n * dim, "gather_rows", "dst");
-  for (int64_t i = 0; i < n; ++i)
+  // Row numbers in device memory are the caller's to keep in range (the loss's come from
+  // weighted_rows, below M by construction): reading them here would fault on a GPU, or cost a round
+  // trip per call.
+  for (int64_t i = 0; rows.device == Device::Host && i < n; ++i)
     check(rows.data[i] >= 0 && size_t((rows.data[i] + 1) * dim) <= src.size, name(), " backend: gather_rows' row ",
           rows.data[i], " is outside its source");
   if (n > 0) need(*this, src, dim, "gather_rows", "src");
@@ -344,7 +347,7 @@ void Backend::gather_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim
 void Backend::scatter_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst) {
   const int64_t n = int64_t(rows.size);
   need(*this, src, n * dim, "scatter_rows", "src");
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; rows.device == Device::Host && i < n; ++i)  // as gather_rows'
     check(rows.data[i] >= 0 && size_t((rows.data[i] + 1) * dim) <= dst.size, name(),
           " backend: scatter_rows' row ", rows.data[i], " is outside its destination");
   if (n > 0) need(*this, dst, dim, "scatter_rows", "dst");

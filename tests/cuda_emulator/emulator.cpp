@@ -1,6 +1,9 @@
 // The CUDA emulator's runtime (emulator.h says what it is for and what it checks): fibers for a
 // block's threads, the device memory, the runtime calls and cuBLAS' products.
+#include <execinfo.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +17,7 @@
 #include "core/scalar_math.h"
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
+#include "device_work.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define CUDA_EMULATOR_ASAN 1
@@ -60,6 +64,119 @@ bool on_device(const void* p, size_t bytes) {
   const char* c = static_cast<const char*>(p);
   return c >= it->first && c + bytes <= it->first + it->second;
 }
+
+// Device memory outside AddressSanitizer (device_work.h): allocations in whole pages of one reserved
+// range, which is readable only while a DeviceWork lives (one mprotect each way for all of it).
+#ifndef CUDA_EMULATOR_ASAN
+constexpr size_t kPage = 4096;
+constexpr size_t kReservedBytes = size_t(1) << 40;  // address space only (16 GB is the emulated GPU's)
+
+struct DeviceRange {
+  char* base = nullptr;
+  size_t end = 0;                       // bytes from base ever handed out (the range mprotect toggles)
+  std::map<size_t, size_t> free_pages;  // offset → bytes, coalesced
+  int open = 0;                         // live DeviceWork scopes
+};
+
+void report_host_access(int, siginfo_t*, void*);
+
+DeviceRange& device_range() {
+  static DeviceRange& range = *[] {
+    auto* made = new DeviceRange;
+    void* base = mmap(nullptr, kReservedBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+      std::fprintf(stderr, "cuda emulator: cannot reserve the device memory's address range\n");
+      std::abort();
+    }
+    made->base = static_cast<char*>(base);
+    struct sigaction action = {};
+    action.sa_sigaction = report_host_access;
+    action.sa_flags = SA_SIGINFO | SA_RESETHAND;  // the second fault (after the report) ends the process
+    sigaction(SIGSEGV, &action, nullptr);
+    return made;
+  }();
+  return range;
+}
+
+void set_access(DeviceRange& range, int protection) {
+  if (range.end > 0 && mprotect(range.base, range.end, protection) != 0) {
+    std::fprintf(stderr, "cuda emulator: mprotect of the device memory failed\n");
+    std::abort();
+  }
+}
+
+// SIGSEGV: when the address is device memory, say so (with the stack, for addr2line); then the fault
+// repeats with the default action.
+void report_host_access(int, siginfo_t* info, void*) {
+  const DeviceRange& range = device_range();
+  const char* address = static_cast<const char*>(info->si_addr);
+  if (address >= range.base && address < range.base + kReservedBytes) {
+    const char message[] =
+        "cuda emulator: host code touched device memory outside a launch, product or copy (a segfault on a GPU "
+        "too). Stack:\n";
+    (void)!write(2, message, sizeof message - 1);
+    void* frames[64];
+    backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+  }
+}
+
+void* allocate_device(size_t bytes) {
+  DeviceRange& range = device_range();
+  const size_t size = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
+  for (auto it = range.free_pages.begin(); it != range.free_pages.end(); ++it) {
+    if (it->second < size) continue;
+    const size_t offset = it->first, left = it->second - size;
+    range.free_pages.erase(it);
+    if (left > 0) range.free_pages[offset + size] = left;
+    return range.base + offset;
+  }
+  if (range.end + size > kReservedBytes) return nullptr;
+  const size_t offset = range.end;
+  range.end += size;
+  if (range.open > 0) set_access(range, PROT_READ | PROT_WRITE);
+  return range.base + offset;
+}
+
+void free_device(void* p, size_t bytes) {
+  DeviceRange& range = device_range();
+  size_t offset = size_t(static_cast<char*>(p) - range.base);
+  size_t size = (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage;
+  madvise(p, size, MADV_DONTNEED);  // give the pages back
+  auto next = range.free_pages.lower_bound(offset);
+  if (next != range.free_pages.end() && next->first == offset + size) size += next->second, range.free_pages.erase(next);
+  auto before = range.free_pages.lower_bound(offset);
+  if (before != range.free_pages.begin() && std::prev(before)->first + std::prev(before)->second == offset) {
+    --before;
+    offset = before->first, size += before->second;
+  }
+  range.free_pages[offset] = size;
+}
+#else
+void* allocate_device(size_t bytes) {
+  // Exactly `bytes` (cudaMalloc rounds up; AddressSanitizer then sees a kernel's overrun at once).
+  void* memory = nullptr;
+  return posix_memalign(&memory, 256, bytes == 0 ? 1 : bytes) == 0 ? memory : nullptr;
+}
+void free_device(void* p, size_t) { std::free(p); }
+#endif
+
+}  // namespace
+
+#ifndef CUDA_EMULATOR_ASAN
+DeviceWork::DeviceWork() {
+  DeviceRange& range = device_range();
+  if (range.open++ == 0) set_access(range, PROT_READ | PROT_WRITE);
+}
+DeviceWork::~DeviceWork() {
+  DeviceRange& range = device_range();
+  if (--range.open == 0) set_access(range, PROT_NONE);
+}
+#else
+DeviceWork::DeviceWork() = default;
+DeviceWork::~DeviceWork() = default;
+#endif
+
+namespace {
 
 // ---- a block's threads as fibers ----
 // One fiber per thread slot of a block, made when first needed and reused by every later block (a
@@ -327,6 +444,7 @@ void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* ke
                                       std::to_string(allowed));
     return;
   }
+  const DeviceWork working;
   Block& b = block();
   b.body = &thread;
   b.shared.assign(shared_bytes + 1, char(0x7f));  // not zero: a kernel must not read what it did not write
@@ -392,6 +510,7 @@ cublasStatus_t gemm_checked(cublasOperation_t ta, cublasOperation_t tb, int m, i
       compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   ++counts().products;
+  const DeviceWork working;
   const float a = *static_cast<const float*>(alpha), bt = *static_cast<const float*>(beta);
   const size_t in_size = Atype == CUDA_R_32F ? 4 : 2;
   // Every matrix the product reads or writes lies inside one device allocation (a GPU faults on host
@@ -520,10 +639,10 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  // Exactly `bytes` (cudaMalloc rounds up; AddressSanitizer then sees a kernel's overrun at once).
-  void* memory = nullptr;
-  if (posix_memalign(&memory, 256, bytes == 0 ? 1 : bytes) != 0) return record(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(bytes) + ")");
+  void* memory = allocate_device(bytes);
+  if (!memory) return record(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(bytes) + ")");
   // Fresh device memory is not zero: fill it with a NaN pattern so that reading unwritten memory shows.
+  const DeviceWork working;
   std::memset(memory, 0xff, bytes);
   allocations()[static_cast<const char*>(memory)] = bytes;
   *p = memory;
@@ -533,8 +652,8 @@ cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
   auto it = allocations().find(static_cast<const char*>(p));
   if (it == allocations().end()) return record(cudaErrorInvalidValue, "cudaFree of memory cudaMalloc did not give");
+  free_device(p, it->second);
   allocations().erase(it);
-  std::free(p);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
@@ -546,6 +665,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                                              ")");
   if (!src_device && on_device(src, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host source on the device");
   if (!dst_device && on_device(dst, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host target on the device");
+  const DeviceWork working;
   std::memmove(dst, src, bytes);
   if (kind == cudaMemcpyHostToDevice) ++counts().uploads;
   if (kind == cudaMemcpyDeviceToHost) ++counts().downloads;
@@ -554,6 +674,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
   if (!on_device(p, bytes))
     return record(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(bytes) + " bytes outside a device allocation");
+  const DeviceWork working;
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
