@@ -3,13 +3,14 @@
 // memory bandwidth) measured in the same run. Prints one JSON line on stdout; progress on stderr.
 //
 //   bench_inference [--dtype f32|bf16|int8] [--dtype-policy float32|mixed_bfloat16|bfloat16] [--layers 18] [--threads 2] [--prompt 128] [--decode 16]
-//                   [--dir /tmp/meshtune-bench] [--repeat 3] [--device cpu|cuda]
+//                   [--dir /tmp/meshtune-bench] [--repeat 3] [--device cpu|cuda] [--gpu-profile]
 //
 // The checkpoint is created once per (dtype, layers) under --dir, in a child process so that
 // building it never counts towards this process's peak RSS. With --device cuda the random weights
 // are made in memory and uploaded (no checkpoint; load_s is that), prefill and decode run on GPU 0,
-// and the decode bound comes from the GPU's own copy bandwidth measured in the same run. See
-// bench/README.md.
+// and the decode bound comes from the GPU's own copy bandwidth measured in the same run;
+// --gpu-profile adds one more run whose decode is recorded by CUPTI (gpu_profile.h: where the GPU's
+// time went, per token). See bench/README.md.
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <omp.h>
@@ -26,6 +27,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,7 @@
 #include "backend//cpu_backend.h"
 #include "backend/cuda_devices.h"
 #include "core/error.h"
+#include "gpu_profile.h"
 #include "machine_limits.h"
 #include "run_stats.h"
 #include "model/gemma.h"
@@ -59,6 +62,7 @@ struct Options {
   std::string dir = "/tmp/meshtune-bench";
   int repeat = 3;
   std::string device = "cpu";
+  bool gpu_profile = false;
 };
 
 Options parse_args(int argc, char** argv) {
@@ -74,6 +78,7 @@ Options parse_args(int argc, char** argv) {
   app.add_option("--decode", o.decode, "Tokens decoded one at a time")->check(CLI::PositiveNumber);
   app.add_option("--dir", o.dir, "Where the random checkpoint is created (once)");
   app.add_option("--repeat", o.repeat, "Repeats (medians are reported)")->check(CLI::PositiveNumber);
+  app.add_flag("--gpu-profile", o.gpu_profile, "One more run, its decode under CUPTI: where the GPU's time went (--device cuda)");
   app.add_option("--device", o.device, "cpu, or cuda (GPU 0; random weights made in memory)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   try {
@@ -180,6 +185,7 @@ int main(int argc, char** argv) {
   try {
     std::unique_ptr<Backend> gpu;  // first: no GPU is one line at once, not after making the weights
     if (o.device == "cuda") gpu = make_cuda_backend(0);
+    check(gpu || !o.gpu_profile, "--gpu-profile is for --device cuda");
     const std::string path = gpu ? std::string() : ensure_checkpoint(o);
 
     // Same thread count for our OpenMP loops and OpenBLAS (the OpenMP build of OpenBLAS runs on
@@ -234,7 +240,10 @@ int main(int argc, char** argv) {
     std::vector<double> prefill_s, decode_step_s;
     double first_prefill_s = 0;
     // Run 0 is a warm-up (it faults the mapped weights into this process) and is reported apart.
-    for (int run = 0; run <= o.repeat; ++run) {
+    // --gpu-profile: one more run, not among the timed ones, its decode under CUPTI.
+    nlohmann::ordered_json gpu_profile;
+    for (int run = 0; run <= o.repeat + (o.gpu_profile ? 1 : 0); ++run) {
+      const bool profiled = run > o.repeat;
       KVCache cache(c, 1, T + o.decode, ctx.backend);
       ForwardWorkspace ws;  // reused by every step, as generate reuses its own
       t0 = Clock::now();
@@ -242,14 +251,23 @@ int main(int argc, char** argv) {
       head(prefilled.span().part(size_t((T - 1) * D), size_t(D)));
       const double s = seconds_since(t0);
       if (run == 0) first_prefill_s = s;
-      else prefill_s.push_back(s);
+      else if (!profiled) prefill_s.push_back(s);
       int32_t token = argmax(logits);
+      std::optional<GpuProfile> profile;
+      if (profiled) profile.emplace();
+      t0 = Clock::now();
       for (int step = 0; step < o.decode; ++step) {
-        t0 = Clock::now();
+        const auto step_start = Clock::now();
         const FloatBuffer& hidden = backbone_forward(ctx, model, &token, 1, 1, T + step, cache, ws);
         head(hidden);
         token = argmax(logits);
-        if (run > 0) decode_step_s.push_back(seconds_since(t0));
+        if (run > 0 && !profiled) decode_step_s.push_back(seconds_since(step_start));
+      }
+      if (profiled) {
+        const double wall_ms = 1e3 * seconds_since(t0) / o.decode;
+        gpu_profile = profile->stop(o.decode);  // per token
+        gpu_profile["wall_ms"] = wall_ms;
+        continue;
       }
       // After the run (whose LM head has mapped every embedding page), one bandwidth sample.
       if (!gpu) read_samples.push_back(bench::read_gbps_once(sample_start, sample_bytes, o.threads));
@@ -313,6 +331,7 @@ int main(int argc, char** argv) {
     if (gpu) {
       j["gpu_memory_gib"] = double(gpu_memory_in_use()) / double(1 << 30);
       j["attention_routes"] = cuda_attention_routes(*gpu);  // measured at each shape's first call
+      if (o.gpu_profile) j["gpu_profile"] = gpu_profile;
     }
     j["weight_bytes_per_token"] = weight_bytes;
     j["kv_bytes_per_token"] = kv_bytes;

@@ -3,14 +3,16 @@
 // Prints one JSON line on stdout; progress on stderr.
 //
 //   bench_train [--shape small|2b|7b] [--device cpu|cuda] [--layers N] [--threads 2] [--steps 5] [--warmup 1]
-//               [--batch 2] [--seq-len 128] [--rank 4] [--lr 1e-4] [--breakdown] [--dump FILE]
+//               [--batch 2] [--seq-len 128] [--rank 4] [--lr 1e-4] [--breakdown] [--dump FILE] [--gpu-profile]
 //
 // small = the test fixtures' shape (preset_config("tiny", 1000)); 2b = Gemma 2B (18 layers unless
 // --layers). LoRA rank 4 on query and value (Keras style, alpha = rank), B set to small random
 // values so every gradient is non-zero; a random [batch, seq-len] token batch with all sample
 // weights 1; AdamW (lr 1e-4, weight decay 0.01, eps 1e-7). --breakdown adds per-phase timings;
 // --dump writes the weights, batch, first-step gradients and losses (small shapes) so that
-// torch_lora_step.py --check can verify it computes the same thing. See bench/README.md.
+// torch_lora_step.py --check can verify it computes the same thing. --gpu-profile (--device cuda)
+// runs one more step, untimed, under CUPTI and adds where the GPU's time went (gpu_profile.h).
+// See bench/README.md.
 #include <CLI/CLI.hpp>
 #include <cblas.h>
 #include <omp.h>
@@ -41,6 +43,7 @@
 #include "model/init.h"
 #include "model/lora.h"
 #include "model/variables.h"
+#include "gpu_profile.h"
 #include "machine_limits.h"
 #include "run_stats.h"
 #include "train/trainer.h"
@@ -64,6 +67,7 @@ struct Options {
   int rank = 4;
   double lr = 1e-4;
   bool breakdown = false;
+  bool gpu_profile = false;
   std::string dump;
 };
 
@@ -86,6 +90,7 @@ Options parse_args(int argc, char** argv) {
   app.add_option("--rank", o.rank, "LoRA rank")->check(CLI::PositiveNumber);
   app.add_option("--lr", o.lr, "AdamW learning rate");
   app.add_flag("--breakdown", o.breakdown, "Add per-phase timings");
+  app.add_flag("--gpu-profile", o.gpu_profile, "One more step under CUPTI: where the GPU's time went (--device cuda)");
   app.add_option("--dump", o.dump, "Write weights, batch, first-step gradients and losses (small shapes)");
   try {
     app.parse(argc, argv);
@@ -183,6 +188,8 @@ int main(int argc, char** argv) {
     if (o.device == "cuda") {
       check(!o.breakdown && o.dump.empty(), "--breakdown and --dump are for --device cpu");
       gpu = make_cuda_backend(0);
+    } else {
+      check(!o.gpu_profile, "--gpu-profile is for --device cuda");
     }
     // Same thread count for our OpenMP loops and OpenBLAS (one libgomp pool).
     omp_set_num_threads(o.threads);
@@ -286,6 +293,17 @@ int main(int argc, char** argv) {
     }
     const CpuTimes cpu_end = cpu_times();
     const double rss = peak_rss_gib();
+    nlohmann::ordered_json gpu_profile;
+    if (o.gpu_profile) {  // one more step, not among the timed ones
+      backend.synchronize();
+      GpuProfile profile;
+      t0 = Clock::now();
+      trainer.train_step(batch, o.lr);
+      backend.synchronize();
+      const double wall_ms = 1e3 * seconds_since(t0);
+      gpu_profile = profile.stop(1);
+      gpu_profile["wall_ms"] = wall_ms;
+    }
 
     if (!o.dump.empty()) {
       const std::vector<float> loss_values(losses.begin(), losses.end());
@@ -327,6 +345,7 @@ int main(int argc, char** argv) {
     if (gpu) {
       j["gpu_memory_gib"] = double(gpu_memory_in_use()) / double(1 << 30);
       j["attention_routes"] = cuda_attention_routes(*gpu);  // measured at each shape's first call
+      if (o.gpu_profile) j["gpu_profile"] = gpu_profile;
     }
     j["gflop_per_step"] = flops.total() / 1e9;
     j["gflop_forward"] = flops.forward / 1e9;

@@ -465,9 +465,11 @@ std::vector<OpCase> data_movement_cases() {
     std::vector<Floats> to;
     size_t offset = 0, total = 0;
     for (size_t p = 0; p < 20; ++p) {
-      const size_t n = p % 7 == 3 ? 0 : 97 * p * p % 2900 + 1;
+      // The first three are aligned for the CUDA kernels' four-values-a-thread path (sizes and
+      // offsets multiples of 4); the rest are not.
+      const size_t n = p < 3 ? 1000 + 4 * p : p % 7 == 3 ? 0 : 97 * p * p % 2900 + 1;
       from.push_back(ConstFloats(x).part(offset, n));
-      offset += n + 13;  // the parts need not be adjacent
+      offset += p < 3 ? n + 16 : n + 13;  // the parts need not be adjacent
       total += n;
       widened[p] = put(b, zeros(int64_t(n)));
       to.push_back(widened[p]);

@@ -22,6 +22,14 @@ struct dim3 {
   constexpr dim3(unsigned x = 1, unsigned y = 1, unsigned z = 1) : x(x), y(y), z(z) {}
 };
 
+// The vector types the kernels load and store whole (16 and 8 bytes, aligned as on a GPU).
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+
 // The running thread's coordinates (set by the emulator before it resumes a thread).
 inline uint3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
