@@ -25,6 +25,7 @@ struct Cupti {
   decltype(&cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
   decltype(&cuptiActivityFlushAll) flush_all = nullptr;
   decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
+  decltype(&cuptiGetCallbackName) callback_name = nullptr;
 };
 
 const Cupti& cupti() {
@@ -38,6 +39,7 @@ const Cupti& cupti() {
     c.register_callbacks = reinterpret_cast<decltype(c.register_callbacks)>(symbol("cuptiActivityRegisterCallbacks"));
     c.flush_all = reinterpret_cast<decltype(c.flush_all)>(symbol("cuptiActivityFlushAll"));
     c.next_record = reinterpret_cast<decltype(c.next_record)>(symbol("cuptiActivityGetNextRecord"));
+    c.callback_name = reinterpret_cast<decltype(c.callback_name)>(symbol("cuptiGetCallbackName"));
     return c;
   }();
   return api;
@@ -54,6 +56,11 @@ struct Recorded {
   std::map<std::string, std::pair<int64_t, uint64_t>> by_name;  // name → (count, ns)
   uint64_t kernel_ns = 0, copy_ns = 0;
   int64_t kernels = 0;
+  // The host's time inside CUDA's runtime and driver calls (a runtime call's driver calls are
+  // inside it, so the two are not added), and per call name.
+  uint64_t runtime_ns = 0, driver_ns = 0;
+  int64_t runtime_calls = 0, driver_calls = 0;
+  std::map<std::string, std::pair<int64_t, uint64_t>> api_by_name;
 };
 Recorded& recorded() {
   static Recorded r;
@@ -111,6 +118,16 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
       start = m->start, end = m->end, name = "(memset)";
       r.copy_ns += end - start;
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_RUNTIME || record->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+      const auto* a = reinterpret_cast<const CUpti_ActivityAPI*>(record);
+      const bool runtime = record->kind == CUPTI_ACTIVITY_KIND_RUNTIME;
+      (runtime ? r.runtime_ns : r.driver_ns) += a->end - a->start;
+      ++(runtime ? r.runtime_calls : r.driver_calls);
+      const char* api = nullptr;
+      cupti().callback_name(runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, &api);
+      auto& [count, ns] = r.api_by_name[api ? api : "?"];
+      ++count, ns += a->end - a->start;
+      continue;
     } else {
       continue;
     }
@@ -122,7 +139,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 }
 
 constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                         CUPTI_ACTIVITY_KIND_MEMSET};
+                                         CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME,
+                                         CUPTI_ACTIVITY_KIND_DRIVER};
 
 }  // namespace
 
@@ -137,6 +155,7 @@ GpuProfile::GpuProfile() {
   {
     const std::lock_guard<std::mutex> lock(r.mutex);
     r.intervals.clear(), r.by_name.clear(), r.kernel_ns = r.copy_ns = 0, r.kernels = 0;
+    r.runtime_ns = r.driver_ns = 0, r.runtime_calls = r.driver_calls = 0, r.api_by_name.clear();
   }
   for (CUpti_ActivityKind kind : kKinds) check_cupti(api.enable(kind), "cuptiActivityEnable");
 }
@@ -167,6 +186,17 @@ nlohmann::ordered_json GpuProfile::stop(int repeats, int top) {
   j["kernel_ms"] = double(r.kernel_ns) * per;
   j["copy_ms"] = double(r.copy_ns) * per;
   j["kernels"] = double(r.kernels) / std::max(1, repeats);
+  j["host_in_runtime_ms"] = double(r.runtime_ns) * per;
+  j["runtime_calls"] = double(r.runtime_calls) / std::max(1, repeats);
+  j["host_in_driver_ms"] = double(r.driver_ns) * per;
+  j["driver_calls"] = double(r.driver_calls) / std::max(1, repeats);
+  std::vector<std::pair<std::string, std::pair<int64_t, uint64_t>>> apis(r.api_by_name.begin(), r.api_by_name.end());
+  std::sort(apis.begin(), apis.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  nlohmann::ordered_json api_list = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < apis.size() && i < 8; ++i)
+    api_list.push_back({{"name", apis[i].first}, {"count", double(apis[i].second.first) / std::max(1, repeats)},
+                        {"ms", double(apis[i].second.second) * per}});
+  j["host_calls"] = api_list;
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   int64_t rest_count = 0;
   uint64_t rest_ns = 0;

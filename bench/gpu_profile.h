@@ -5,8 +5,9 @@
 //   ... the region's work, then synchronize the stream ...
 //   json = profile.stop();
 // The summary: span_ms (first start to last end), busy_ms (the time at least one kernel or copy ran:
-// span − busy is the GPU waiting for the host), and the kernels by total time — what to speed up
-// first, and whether launching, not computing, is what costs.
+// span − busy is the GPU waiting for the host), the kernels by total time, and the host's time
+// inside CUDA's runtime and driver calls (the launches, cuBLAS' calls into the driver) — what to
+// speed up first, and whether launching, not computing, is what costs.
 #pragma once
 #include <memory>
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu_backend.h"
@@ -330,10 +331,13 @@ std::vector<OpCase> activation_cases() {
 // of the single output "loss" is its scale).
 std::vector<OpCase> cross_entropy_cases() {
   std::vector<OpCase> cases;
+  // 4 rows of 23, and 3 wide rows (more columns than a CUDA block's threads load in one batch),
+  // each with its targets and weights.
+  for (const bool wide : {false, true})
   for (float cap : {0.f, 5.f}) {
-    const int64_t n = 4, cols = 23;  // 4 rows of a chunk, with their targets and weights
-    const std::vector<int32_t> targets = {1, 22, 7, 11};
-    const Values weights = {1.f, 0.5f, 2.f, 1.f};
+    const int64_t n = wide ? 3 : 4, cols = wide ? 4099 : 23;
+    const std::vector<int32_t> targets = wide ? std::vector<int32_t>{5, 4098, 2100} : std::vector<int32_t>{1, 22, 7, 11};
+    const Values weights = wide ? Values{1.f, 0.5f, 2.f} : Values{1.f, 0.5f, 2.f, 1.f};
     auto loss = [=](Backend& b, const FloatBuffer& z, SoftmaxRows& stats) {
       const Buffer<int32_t> t = put(b, targets);
       b.softmax_row_max(z, n, cols, 0, stats);
@@ -347,16 +351,24 @@ std::vector<OpCase> cross_entropy_cases() {
     // The combining step of a split vocabulary: two parts' maxima, the later one larger in some rows
     // and tied in one (the first part wins a tie).
     auto combined = [=](Backend& b, SoftmaxRows& stats) {
+      if (wide) return Values{};
       const Values gathered = {3, 1, 2, 5, /*argmax*/ 0, 1, 2, 3, /*part 2*/ 4, 1, 1, 9, /*argmax*/ 10, 11, 12, 13};
       b.softmax_combine_max(put(b, gathered), 2, n, stats);
       return get(b, stats.max_and_argmax);
     };
     OpCase c;
-    c.name = std::string("softmax_cross_entropy") + (cap > 0 ? "_capped" : "");
+    c.name = std::string("softmax_cross_entropy") + (wide ? "_wide" : "") + (cap > 0 ? "_capped" : "");
     c.make_inputs = [=] {
       Values z = random_vector(size_t(n * cols), 18, 3.f);
       if (cap > 0)
         for (float& v : z) v = cap * std::tanh(v / cap);  // capped logits, as the model hands them over
+      // Tied maxima (the first column wins): in two threads' columns, in one batch of a thread, in
+      // two batches of a thread.
+      if (wide)
+        for (const auto& [row, first, second] : {std::tuple{0, 100, 3000}, {1, 2100, 2612}, {2, 52, 2100}}) {
+          const float top = *std::max_element(z.begin() + row * cols, z.begin() + (row + 1) * cols);
+          z[size_t(row * cols + first)] = z[size_t(row * cols + second)] = cap > 0 ? (top + cap) / 2 : top + 1;
+        }
       return Inputs{z};
     };
     c.forward = [=](Backend& b, Inputs& in) {
@@ -376,7 +388,7 @@ std::vector<OpCase> cross_entropy_cases() {
         for (size_t i = 0; i < dz.size(); ++i) dz[i] /= 1.f - (in[0][i] / cap) * (in[0][i] / cap);
       return Inputs{dz};
     };
-    c.differentiable = {0};
+    if (!wide) c.differentiable = {0};  // finite differences on the small ones
     cases.push_back(std::move(c));
   }
   return cases;

@@ -6,13 +6,16 @@ namespace meshtune {
 namespace {
 
 // Operand checks shared by every backend: on its device and long enough (count ≤ 0: not read).
+// Written `if (…) fail(…)` rather than check(…) here and below: the message's backend.name() is built
+// only on failure (as check's argument it was built three times per operand of every op, and on a
+// GPU each build asked the driver for the device's properties: 3,000 calls per decoded token).
 template <class E>
 void need(const Backend& backend, const Span<E>& s, int64_t count, const char* op, const char* operand) {
   if (count <= 0) return;
-  check(s.data != nullptr, backend.name(), " backend: ", op, "'s ", operand, " is missing");
-  check(s.device == backend.device(), backend.name(), " backend: ", op, "'s ", operand, " is in ",
+  if (s.data == nullptr) fail(backend.name(), " backend: ", op, "'s ", operand, " is missing");
+  if (s.device != backend.device()) fail(backend.name(), " backend: ", op, "'s ", operand, " is in ",
         device_name(s.device), " memory, the backend computes in ", device_name(backend.device()), " memory");
-  check(s.size >= size_t(count), backend.name(), " backend: ", op, "'s ", operand, " holds ", s.size,
+  if (s.size < size_t(count)) fail(backend.name(), " backend: ", op, "'s ", operand, " holds ", s.size,
         " values, ", count, " needed");
 }
 
@@ -25,15 +28,15 @@ E* optional(const Backend& backend, const Span<E>& s, int64_t count, const char*
 }
 
 void need_term(const Backend& backend, const LowRankTerm& t, const char* op) {
-  check(t.a != nullptr && t.b != nullptr, backend.name(), " backend: ", op, "'s LoRA term has no A or B");
-  check(t.device == backend.device(), backend.name(), " backend: ", op, "'s LoRA term is in ", device_name(t.device),
+  if (t.a == nullptr || t.b == nullptr) fail(backend.name(), " backend: ", op, "'s LoRA term has no A or B");
+  if (t.device != backend.device()) fail(backend.name(), " backend: ", op, "'s LoRA term is in ", device_name(t.device),
         " memory, the backend computes in ", device_name(backend.device()), " memory");
 }
 
 void need_matrix(const Backend& backend, const WeightMatrix& W, const char* op) {
-  check(W.data != nullptr && (W.dtype != DType::I8 || W.scales != nullptr), backend.name(), " backend: ", op,
+  if (W.data == nullptr || (W.dtype == DType::I8 && W.scales == nullptr)) fail(backend.name(), " backend: ", op,
         "'s weight matrix is missing");
-  check(W.device == backend.device(), backend.name(), " backend: ", op, "'s weight matrix is in ",
+  if (W.device != backend.device()) fail(backend.name(), " backend: ", op, "'s weight matrix is in ",
         device_name(W.device), " memory, the backend computes in ", device_name(backend.device()), " memory");
 }
 
@@ -48,7 +51,7 @@ void Backend::release(void* p) { release_impl(p); }
 
 template <class E>
 static void check_upload(const Backend& backend, Span<const E> host, Span<E> device_values) {
-  check(host.device == Device::Host, backend.name(), " backend: upload's source is not host memory");
+  if (host.device != Device::Host) fail(backend.name(), " backend: upload's source is not host memory");
   need(backend, device_values, int64_t(host.size), "upload", "destination");
 }
 
@@ -76,7 +79,7 @@ void Backend::upload(Span<const double> host, Span<double> device_values) {
 
 template <class E>
 static void check_download(const Backend& backend, Span<const E> device_values, Span<E> host) {
-  check(host.device == Device::Host, backend.name(), " backend: download's destination is not host memory");
+  if (host.device != Device::Host) fail(backend.name(), " backend: download's destination is not host memory");
   need(backend, device_values, int64_t(host.size), "download", "source");
 }
 
@@ -91,7 +94,8 @@ void Backend::download(Span<const double> device_values, Span<double> host) {
 
 WeightMatrix Backend::upload(const WeightMatrix& W) {
   if (W.device == device() || W.data == nullptr) return W;
-  check(W.device == Device::Host, name(), " backend: a weight matrix in ", device_name(W.device), " memory is uploaded");
+  if (W.device != Device::Host)
+    fail(name(), " backend: a weight matrix in ", device_name(W.device), " memory is uploaded");
   struct Stored {
     Buffer<uint8_t> values;
     FloatBuffer scales;  // I8
@@ -256,10 +260,11 @@ void Backend::soft_cap_backward(ConstFloats y, Floats dy, int64_t n, float cap) 
 // The statistics' buffers of a chunk of n rows are made by the first two steps; the later steps
 // check that they were (an Error naming the step that is missing).
 static void need_statistics(const Backend& backend, const SoftmaxRows& stats, int64_t n, bool sums, const char* op) {
-  check(stats.max_and_argmax.size() >= size_t(2 * n), backend.name(), " backend: ", op, " before softmax_row_max");
+  if (stats.max_and_argmax.size() < size_t(2 * n)) fail(backend.name(), " backend: ", op, " before softmax_row_max");
   need(backend, stats.max_and_argmax.span(), 2 * n, op, "row maxima");
   if (!sums) return;
-  check(stats.sum_exp_and_target.size() >= size_t(2 * n), backend.name(), " backend: ", op, " before softmax_row_sums");
+  if (stats.sum_exp_and_target.size() < size_t(2 * n))
+    fail(backend.name(), " backend: ", op, " before softmax_row_sums");
   need(backend, stats.sum_exp_and_target.span(), 2 * n, op, "row sums");
 }
 
@@ -324,7 +329,7 @@ void Backend::embedding_lookup_backward(ConstFloats dy, Span<const int32_t> ids,
 
 void Backend::write_cache_rows(ConstFloats values, int64_t B, int64_t T, int64_t width, int64_t capacity,
                                int64_t start, Floats cache) {
-  check(start >= 0 && start + T <= capacity, name(), " backend: write_cache_rows at ", start, "…", start + T,
+  if (start < 0 || start + T > capacity) fail(name(), " backend: write_cache_rows at ", start, "…", start + T,
         " past the cache's ", capacity, " positions");
   need(*this, values, B * T * width, "write_cache_rows", "values");
   need(*this, cache, B * capacity * width, "write_cache_rows", "cache");
@@ -338,7 +343,7 @@ void Backend::gather_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim
   // weighted_rows, below M by construction): reading them here would fault on a GPU, or cost a round
   // trip per call.
   for (int64_t i = 0; rows.device == Device::Host && i < n; ++i)
-    check(rows.data[i] >= 0 && size_t((rows.data[i] + 1) * dim) <= src.size, name(), " backend: gather_rows' row ",
+    if (rows.data[i] < 0 || size_t((rows.data[i] + 1) * dim) > src.size) fail(name(), " backend: gather_rows' row ",
           rows.data[i], " is outside its source");
   if (n > 0) need(*this, src, dim, "gather_rows", "src");
   gather_rows_impl(src.data, rows.data, n, dim, dst.data);
@@ -348,7 +353,7 @@ void Backend::scatter_rows(ConstFloats src, Span<const int64_t> rows, int64_t di
   const int64_t n = int64_t(rows.size);
   need(*this, src, n * dim, "scatter_rows", "src");
   for (int64_t i = 0; rows.device == Device::Host && i < n; ++i)  // as gather_rows'
-    check(rows.data[i] >= 0 && size_t((rows.data[i] + 1) * dim) <= dst.size, name(),
+    if (rows.data[i] < 0 || size_t((rows.data[i] + 1) * dim) > dst.size) fail(name(),
           " backend: scatter_rows' row ", rows.data[i], " is outside its destination");
   if (n > 0) need(*this, dst, dim, "scatter_rows", "dst");
   scatter_rows_impl(src.data, rows.data, n, dim, dst.data);

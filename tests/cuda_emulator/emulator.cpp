@@ -75,7 +75,7 @@ struct DeviceRange {
   char* base = nullptr;
   size_t end = 0;                       // bytes from base ever handed out (the range mprotect toggles)
   std::map<size_t, size_t> free_pages;  // offset → bytes, coalesced
-  int open = 0;                         // live DeviceWork scopes
+  int open = 0;                         // 1 while a DeviceWork lives
 };
 
 void report_host_access(int, siginfo_t*, void*);
@@ -162,19 +162,30 @@ void free_device(void* p, size_t) { std::free(p); }
 
 }  // namespace
 
-#ifndef CUDA_EMULATOR_ASAN
+// The outermost DeviceWork also times the emulated GPU's work (Counts::device_seconds).
+namespace {
+int open_work = 0;
+std::chrono::steady_clock::time_point work_started;
+}  // namespace
+
 DeviceWork::DeviceWork() {
+  if (open_work++ > 0) return;
+  work_started = std::chrono::steady_clock::now();  // the emulator's own protection calls count as the GPU's
+#ifndef CUDA_EMULATOR_ASAN
   DeviceRange& range = device_range();
-  if (range.open++ == 0) set_access(range, PROT_READ | PROT_WRITE);
+  range.open = 1;
+  set_access(range, PROT_READ | PROT_WRITE);
+#endif
 }
 DeviceWork::~DeviceWork() {
+  if (--open_work > 0) return;
+#ifndef CUDA_EMULATOR_ASAN
   DeviceRange& range = device_range();
-  if (--range.open == 0) set_access(range, PROT_NONE);
-}
-#else
-DeviceWork::DeviceWork() = default;
-DeviceWork::~DeviceWork() = default;
+  range.open = 0;
+  set_access(range, PROT_NONE);
 #endif
+  counts().device_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - work_started).count();
+}
 
 namespace {
 

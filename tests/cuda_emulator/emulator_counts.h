@@ -14,6 +14,7 @@ struct Counts {
   int64_t products = 0;                     // cuBLAS calls (a batched product counts once)
   int64_t uploads = 0, downloads = 0;       // host → device and device → host copies
   int64_t synchronizations = 0;             // cudaStreamSynchronize / cudaEventSynchronize
+  double device_seconds = 0;                // spent doing the GPU's work (the rest of a run is the host's)
 
   int64_t kernel_launches() const {
     int64_t total = 0;
