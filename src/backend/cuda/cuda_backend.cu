@@ -9,11 +9,13 @@
 
 namespace meshtune {
 
+using cuda::aligned_to;
 using cuda::blocks_for;
 using cuda::check_blas;
 using cuda::check_cuda;
 using cuda::check_launch;
 using cuda::kThreads;
+using cuda::quads;
 
 CudaBackend::CudaBackend(int gpu) : gpu_(gpu), state_(std::make_unique<CudaState>()) {
   int count = 0;
@@ -95,36 +97,29 @@ void CudaBackend::download_impl(const void* device, size_t bytes, void* host) {
 
 namespace {  // the kernels and helpers of this file
 
-// Four values a thread where both sides are aligned for it (16-byte fp32 loads, 8-byte bf16 stores):
-// one value a thread kept too few bytes in flight, and ran at a third of an H200's bandwidth
-// (120 µs for a [8192, 3072] array). The loops stride over the grid; launch blocks_for(quads(n)).
+// Four values a thread where aligned (cuda_common.cuh's quads).
 __device__ void narrow_elements(const float* src, int64_t n, uint16_t* dst) {
-  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
-  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
-  const int64_t quads = aligned ? n / 4 : 0;
-  for (int64_t i = first; i < quads; i += stride) {
+  const int64_t whole = aligned_to(src, 16) && aligned_to(dst, 8) ? n / 4 : 0;
+  FOR_EACH_INDEX(i, whole) {
     const float4 x = reinterpret_cast<const float4*>(src)[i];
     uint2 y;
     y.x = uint32_t(f32_to_bf16(x.x)) | uint32_t(f32_to_bf16(x.y)) << 16;
     y.y = uint32_t(f32_to_bf16(x.z)) | uint32_t(f32_to_bf16(x.w)) << 16;
     reinterpret_cast<uint2*>(dst)[i] = y;
   }
-  for (int64_t i = 4 * quads + first; i < n; i += stride) dst[i] = f32_to_bf16(src[i]);
+  FOR_EACH_INDEX(i, n - 4 * whole) dst[4 * whole + i] = f32_to_bf16(src[4 * whole + i]);
 }
 __device__ void widen_elements(const uint16_t* src, int64_t n, float* dst) {
-  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
-  const bool aligned = reinterpret_cast<uintptr_t>(src) % 8 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  const int64_t quads = aligned ? n / 4 : 0;
-  for (int64_t i = first; i < quads; i += stride) {
+  const int64_t whole = aligned_to(src, 8) && aligned_to(dst, 16) ? n / 4 : 0;
+  FOR_EACH_INDEX(i, whole) {
     const uint2 x = reinterpret_cast<const uint2*>(src)[i];
     float4 y;
     y.x = bf16_to_f32(uint16_t(x.x & 0xffffu)), y.y = bf16_to_f32(uint16_t(x.x >> 16));
     y.z = bf16_to_f32(uint16_t(x.y & 0xffffu)), y.w = bf16_to_f32(uint16_t(x.y >> 16));
     reinterpret_cast<float4*>(dst)[i] = y;
   }
-  for (int64_t i = 4 * quads + first; i < n; i += stride) dst[i] = bf16_to_f32(src[i]);
+  FOR_EACH_INDEX(i, n - 4 * whole) dst[4 * whole + i] = bf16_to_f32(src[4 * whole + i]);
 }
-int64_t quads(int64_t n) { return (n + 3) / 4; }
 
 __global__ void narrow_kernel(const float* src, int64_t n, uint16_t* dst) { narrow_elements(src, n, dst); }
 __global__ void widen_kernel(const uint16_t* src, int64_t n, float* dst) { widen_elements(src, n, dst); }

@@ -101,6 +101,15 @@ inline int blocks_for(int64_t n) {
   return int(blocks < 1 ? 1 : blocks > 8192 ? 8192 : blocks);
 }
 
+// The streaming kernels (bf16 narrowing and widening, copies, zeros) take four values a thread where
+// their arrays are aligned for 16- / 8-byte accesses: one value a thread kept too few bytes in
+// flight and ran at a third of an H200's bandwidth. Their grids: blocks_for(quads(n)); their loops:
+// FOR_EACH_INDEX over the n / 4 whole quads (none when unaligned), then over the rest one by one.
+inline int64_t quads(int64_t n) { return (n + 3) / 4; }
+__device__ inline bool aligned_to(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
 // The ops over many arrays (a step's finiteness check and AdamW update, a block's bf16 activations)
 // hand the arrays' pointers to a kernel as a parameter, `per_launch` at a time: launch(first, count,
 // grid) for each group of `items`, grid = (blocks for the group's largest size(i), count), so that

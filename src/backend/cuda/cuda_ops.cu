@@ -18,10 +18,12 @@
 
 namespace meshtune {
 
+using cuda::aligned_to;
 using cuda::blocks_for;
 using cuda::check_cuda;
 using cuda::check_launch;
 using cuda::kThreads;
+using cuda::quads;
 using cuda::warp_sum;
 using cuda::block_sum;
 
@@ -518,29 +520,22 @@ __global__ void interleave_kernel(const float* blocks, int parts, int64_t M, int
     out[(m * parts + r) * part + c] = blocks[e];
   }
 }
-// Backend::copy as a kernel rather than cudaMemcpyAsync: on the H200 the host spent 9 µs in each
-// cudaMemcpyAsync against 4.4 µs in a launch (decode copies 5 times a layer). Four values a thread
-// where both sides are 16-byte aligned, as the bf16 narrowing (one value a thread ran at a third of
-// the bandwidth).
+// Backend::copy and zero as kernels rather than cudaMemcpyAsync / cudaMemsetAsync: on the H200 the
+// host spent 9 µs in each cudaMemcpyAsync and 40 µs in each cudaMemsetAsync of a training step,
+// against 4–6 µs in a launch. Four values a thread where aligned (cuda_common.cuh's quads).
 __global__ void copy_kernel(const float* src, int64_t n, float* dst) {
-  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
-  const bool aligned = reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0;
-  const int64_t quads = aligned ? n / 4 : 0;
-  for (int64_t i = first; i < quads; i += stride)
-    reinterpret_cast<float4*>(dst)[i] = reinterpret_cast<const float4*>(src)[i];
-  for (int64_t i = 4 * quads + first; i < n; i += stride) dst[i] = src[i];
+  const int64_t whole = aligned_to(src, 16) && aligned_to(dst, 16) ? n / 4 : 0;
+  FOR_EACH_INDEX(i, whole) reinterpret_cast<float4*>(dst)[i] = reinterpret_cast<const float4*>(src)[i];
+  FOR_EACH_INDEX(i, n - 4 * whole) dst[4 * whole + i] = src[4 * whole + i];
 }
-// Zeros as a kernel too: the host spent 40 µs in each cudaMemsetAsync of a 7B training step on the
-// H200 (173 a step at 2 × 128).
 __global__ void zero_kernel(float* x, int64_t n) {
-  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t quads = reinterpret_cast<uintptr_t>(x) % 16 == 0 ? n / 4 : 0;
-  for (int64_t i = first; i < quads; i += stride) reinterpret_cast<float4*>(x)[i] = float4{0.f, 0.f, 0.f, 0.f};
-  for (int64_t i = 4 * quads + first; i < n; i += stride) x[i] = 0.f;
+  const int64_t whole = aligned_to(x, 16) ? n / 4 : 0;
+  FOR_EACH_INDEX(i, whole) reinterpret_cast<float4*>(x)[i] = float4{0.f, 0.f, 0.f, 0.f};
+  FOR_EACH_INDEX(i, n - 4 * whole) x[4 * whole + i] = 0.f;
 }
 void zero_floats(CudaState& st, float* x, int64_t n) {
   if (n <= 0) return;
-  zero_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, st.stream>>>(x, n);
+  zero_kernel<<<blocks_for(quads(n)), kThreads, 0, st.stream>>>(x, n);
   check_launch("zero");
 }
 __global__ void add_into_kernel(float* x, const float* y, int64_t n) { FOR_EACH_INDEX(i, n) x[i] += y[i]; }
@@ -901,7 +896,7 @@ void CudaBackend::interleave_column_blocks_impl(const float* blocks, int parts, 
 }
 void CudaBackend::copy_impl(const float* src, int64_t n, float* dst) {
   if (n == 0 || src == dst) return;
-  copy_kernel<<<blocks_for((n + 3) / 4), kThreads, 0, state_->stream>>>(src, n, dst);
+  copy_kernel<<<blocks_for(quads(n)), kThreads, 0, state_->stream>>>(src, n, dst);
   check_launch("copy");
 }
 void CudaBackend::zero_impl(float* x, int64_t n) {
