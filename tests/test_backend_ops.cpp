@@ -232,7 +232,10 @@ OpCase rope_case(int64_t tokens, int64_t heads, int64_t head_dim, float base, fl
   return c;
 }
 
-OpCase attention_case(const std::string& name, AttentionShape s, std::vector<int64_t> padding, bool backward) {
+// Inputs of `scale`: the bf16 cases take larger ones, so that rounding q and k moves the scores
+// visibly (attention_bf16_cases_tell_rounding_apart).
+OpCase attention_case(const std::string& name, AttentionShape s, std::vector<int64_t> padding, bool backward,
+                      float scale = 1.f) {
   OpCase c;
   c.name = "attention_" + name;
   const int64_t queries = s.batch * s.query_len * s.heads * s.head_dim,
@@ -243,7 +246,8 @@ OpCase attention_case(const std::string& name, AttentionShape s, std::vector<int
     return v;
   };
   c.make_inputs = [=] {
-    return Inputs{random_vector(size_t(queries), 12), random_vector(size_t(keys), 13), random_vector(size_t(keys), 14)};
+    return Inputs{random_vector(size_t(queries), 12, scale), random_vector(size_t(keys), 13, scale),
+                  random_vector(size_t(keys), 14, scale)};
   };
   c.forward = [=](Backend& b, Inputs& in) {
     FloatBuffer out = put(b, zeros(queries));
@@ -284,6 +288,43 @@ std::vector<OpCase> attention_cases() {
       // memory per block (three arrays of 4200 slots in backward) and take their widest blocks.
       long_attention_case(),
   };
+}
+
+// The same under the bf16 policies' precision (AttentionShape::bf16_products): bf16 inputs to both
+// products, fp32 sums. Backends round the same values but sum in other orders, so a probability or
+// score gradient near a bf16 rounding boundary may round the other way (4e-5 at most measured on the
+// CPU paths and the emulated GPU's two routes), while ignoring the rounding is off by more than 2e-2
+// (BackendChecks.Bf16AttentionCasesTellRoundingApart). Rounding is piecewise constant: no finite
+// differences.
+struct Bf16AttentionCase {
+  std::string name;
+  AttentionShape shape;
+  std::vector<int64_t> padding;
+  bool backward;
+  float scale;  // of the inputs: large enough that rounding q and k moves the scores visibly
+
+  OpCase make(bool bf16_products) const {
+    AttentionShape s = shape;
+    s.bf16_products = bf16_products;
+    OpCase c = attention_case(name, s, padding, backward, scale);
+    c.differentiable = {};
+    c.tolerance = 1e-3;
+    return c;
+  }
+};
+const std::vector<Bf16AttentionCase>& bf16_attention_cases() {
+  static const std::vector<Bf16AttentionCase> cases = {
+      {"bf16_gqa_padding", {2, 7, 0, 7, 4, 2, 5, 0, 0.f}, {0, 7 + 4}, true, 3.f},
+      {"bf16_mqa_window_cap", {1, 9, 0, 9, 4, 1, 16, 2, 10.f}, {3}, true, 3.f},
+      {"bf16_long_rows", {2, 40, 0, 40, 2, 1, 32, 0, 0.f}, {45}, true, 2.f},
+      {"bf16_decode", {2, 1, 5, 8, 4, 2, 8, 0, 0.f}, {3}, false, 3.f},
+  };
+  return cases;
+}
+std::vector<OpCase> attention_bf16_cases() {
+  std::vector<OpCase> cases;
+  for (const Bf16AttentionCase& c : bf16_attention_cases()) cases.push_back(c.make(true));
+  return cases;
 }
 
 std::vector<OpCase> activation_cases() {
@@ -572,6 +613,7 @@ const std::vector<OpCase>& registry() {
     add(norm_cases());
     add({rope_case(5, 3, 8, 10000.f, 1.f), rope_case(4, 2, 6, 1e6f, 8.f)});
     add(attention_cases());
+    add(attention_bf16_cases());
     add(activation_cases());
     add(cross_entropy_cases());
     add(data_movement_cases());
@@ -739,6 +781,23 @@ std::vector<std::string> backward_case_names() {
 
 INSTANTIATE_TEST_SUITE_P(Registry, BackendBackward, ::testing::ValuesIn(backward_case_names()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// The bf16 attention cases' tolerance tells a backend that rounds from one that does not: on the
+// reference, rounding moves every output of each case by more than twice the tolerance.
+TEST(BackendChecks, Bf16AttentionCasesTellRoundingApart) {
+  ReferenceBackend reference;
+  for (const Bf16AttentionCase& bf16 : bf16_attention_cases()) {
+    const OpCase rounded = bf16.make(true), plain = bf16.make(false);
+    Inputs in_rounded = rounded.make_inputs(), in_plain = plain.make_inputs();
+    const Inputs a = rounded.forward(reference, in_rounded), b = plain.forward(reference, in_plain);
+    EXPECT_GT(relative_error(a[0], b[0]), 2 * rounded.tolerance) << bf16.name << " forward";
+    if (!bf16.backward) continue;
+    const Values dy = random_vector(a[0].size(), 99);
+    const Inputs ga = rounded.backward(reference, in_rounded, dy), gb = plain.backward(reference, in_plain, dy);
+    for (size_t i = 0; i < ga.size(); ++i)
+      EXPECT_GT(relative_error(ga[i], gb[i]), 2 * rounded.tolerance) << bf16.name << " gradient " << i;
+  }
+}
 
 // ---- the operand checks every backend shares ----
 

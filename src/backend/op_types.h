@@ -22,6 +22,15 @@ struct AttentionShape {
   int64_t head_dim = 0;   // H
   int64_t window = 0;     // sliding window W (key j allowed iff pos − W < j), 0 = none
   float soft_cap = 0;     // 0 = none
+  // Under the dtype policy's bf16 precision (mixed_bfloat16, bfloat16) attention's products are
+  // bf16 matmuls summed in fp32, as Keras computes its einsums in the compute dtype: q·kᵀ of the
+  // rounded q and k, o = Σ p̂·v̂ of the rounded probabilities and values; the softmax stays fp32.
+  // Backward alike: dp = dô·v̂ᵀ, ds = p̂·(dp − Σ p̂·dp)·cap', dq = Σ dŝ·k̂, dk = Σ dŝ·q̂, dv = Σ p̂·dô
+  // (x̂ = round_to_bf16(x)). Sums and outputs stay fp32.
+  bool bf16_products = false;
+
+  // x as a product takes it: rounded to bf16 under bf16_products.
+  MESHTUNE_HOST_DEVICE float product_input(float x) const { return bf16_products ? round_to_bf16(x) : x; }
 };
 
 // The low-rank term of a LoRA-adapted linear layer:

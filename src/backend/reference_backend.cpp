@@ -206,6 +206,11 @@ struct QueryProbabilities {
   std::vector<double> p, capped;
 };
 
+// A product's input as the shape's precision has it: bf16-rounded under bf16_products (as a double,
+// so that the sums stay exact enough to be the oracle); under fp32 the value itself.
+double operand(const AttentionShape& s, float x) { return s.product_input(x); }
+double operand(const AttentionShape& s, double x) { return s.bf16_products ? s.product_input(float(x)) : x; }
+
 QueryProbabilities probabilities(const float* q, const float* k, const uint8_t* key_valid, const AttentionShape& s,
                                  int64_t b, int64_t t, int64_t n) {
   const int64_t S = s.capacity, K = s.kv_heads, H = s.head_dim, kv = n / (s.heads / K), pos = s.start + t;
@@ -217,7 +222,7 @@ QueryProbabilities probabilities(const float* q, const float* k, const uint8_t* 
     allowed[size_t(j)] = j <= pos && key_valid[b * S + j] && (s.window == 0 || pos - s.window < j);
     if (!allowed[size_t(j)]) continue;
     double d = 0;
-    for (int64_t h = 0; h < H; ++h) d += double(qv[h]) * k[((b * S + j) * K + kv) * H + h];
+    for (int64_t h = 0; h < H; ++h) d += operand(s, qv[h]) * operand(s, k[((b * S + j) * K + kv) * H + h]);
     if (s.soft_cap > 0) d = std::tanh(d / s.soft_cap) * s.soft_cap;
     out.capped[size_t(j)] = d;
     max = std::max(max, d);
@@ -225,7 +230,7 @@ QueryProbabilities probabilities(const float* q, const float* k, const uint8_t* 
   double sum = 0;
   for (int64_t j = 0; j < S; ++j) sum += allowed[size_t(j)] ? std::exp(out.capped[size_t(j)] - max) : 0.0;
   for (int64_t j = 0; j < S; ++j)
-    if (allowed[size_t(j)]) out.p[size_t(j)] = std::exp(out.capped[size_t(j)] - max) / sum;
+    if (allowed[size_t(j)]) out.p[size_t(j)] = operand(s, std::exp(out.capped[size_t(j)] - max) / sum);
   return out;
 }
 
@@ -242,7 +247,7 @@ void ReferenceBackend::attention_impl(const float* q, const float* k, const floa
         for (int64_t h = 0; h < H; ++h) {
           double acc = 0;
           for (int64_t j = 0; j < S; ++j)  // keys not attended to are skipped: their slots may hold anything
-            if (a.p[size_t(j)] != 0) acc += a.p[size_t(j)] * v[((b * S + j) * K + kv) * H + h];
+            if (a.p[size_t(j)] != 0) acc += a.p[size_t(j)] * operand(s, v[((b * S + j) * K + kv) * H + h]);
           out[((b * s.query_len + t) * s.heads + n) * H + h] = float(acc);
         }
       }
@@ -264,18 +269,19 @@ void ReferenceBackend::attention_backward_impl(const float* q, const float* k, c
         double p_dot_dp = 0;
         for (int64_t j = 0; j < S; ++j) {
           if (a.p[size_t(j)] == 0) continue;
-          for (int64_t h = 0; h < H; ++h) dp[size_t(j)] += double(dout[qi + h]) * v[((b * S + j) * K + kv) * H + h];
+          for (int64_t h = 0; h < H; ++h) dp[size_t(j)] += operand(s, dout[qi + h]) * operand(s, v[((b * S + j) * K + kv) * H + h]);
           p_dot_dp += a.p[size_t(j)] * dp[size_t(j)];
         }
         for (int64_t j = 0; j < S; ++j) {
           if (a.p[size_t(j)] == 0) continue;
           double ds = a.p[size_t(j)] * (dp[size_t(j)] - p_dot_dp);
           if (s.soft_cap > 0) ds *= 1.0 - (a.capped[size_t(j)] / s.soft_cap) * (a.capped[size_t(j)] / s.soft_cap);
+          ds = operand(s, ds);
           const int64_t ki = ((b * S + j) * K + kv) * H;
           for (int64_t h = 0; h < H; ++h) {
-            gq[size_t(qi + h)] += ds * k[ki + h];
-            gk[size_t(ki + h)] += ds * q[qi + h];
-            gv[size_t(ki + h)] += a.p[size_t(j)] * dout[qi + h];
+            gq[size_t(qi + h)] += ds * operand(s, k[ki + h]);
+            gk[size_t(ki + h)] += ds * operand(s, q[qi + h]);
+            gv[size_t(ki + h)] += a.p[size_t(j)] * operand(s, dout[qi + h]);
           }
         }
       }

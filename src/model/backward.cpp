@@ -79,7 +79,7 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
   project_backward(ctx, model, layer, Slot::AttentionOutput, a.attended, d_branch, M, w.attention_output,
                    d_attended, false, g.attention_output);
   FloatBuffer &dq = sized(ws.dq, M * N * H), &dk = sized(ws.dk, M * K * H), &dv = sized(ws.dv, M * K * H);
-  b.attention_backward(a.q, a.k, a.v, key_valid, attention_shape(c, layer, B, T, 0, T), d_attended, dq, dk, dv);
+  b.attention_backward(a.q, a.k, a.v, key_valid, attention_shape(c, layer, B, T, 0, T, ctx.precision), d_attended, dq, dk, dv);
   b.scale(dq, M * N * H, c.query_scale());
   const Span<const int64_t> positions = ws.forward.positions;  // the forward pass' (start 0)
   b.rope_backward(dq, M, N, H, positions, c.rope_base(layer), c.rope_scaling(layer));

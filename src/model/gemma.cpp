@@ -133,7 +133,8 @@ void KVCache::set_key_valid(Backend& backend, Span<const uint8_t> host) {
   backend.upload(host, key_valid);
 }
 
-AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64_t T, int64_t start, int64_t S) {
+AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64_t T, int64_t start, int64_t S,
+                               MatmulPrecision precision) {
   AttentionShape shape;
   shape.batch = B;
   shape.query_len = T;
@@ -144,6 +145,7 @@ AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64
   shape.head_dim = c.head_dim;
   shape.window = c.is_sliding(layer) ? c.sliding_window_size : 0;
   shape.soft_cap = c.attention_logit_soft_cap;
+  shape.bf16_products = precision == MatmulPrecision::BF16;
   return shape;
 }
 
@@ -191,7 +193,7 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
 
   buffer(a.attended, M * N * H);
   buffer(a.attn_projected, M * D);
-  b.attention(a.q, cache_k, cache_v, cache.key_valid, attention_shape(c, layer, B, T, start, S), a.attended);
+  b.attention(a.q, cache_k, cache_v, cache.key_valid, attention_shape(c, layer, B, T, start, S, ctx.precision), a.attended);
   project(ctx, model, layer, Slot::AttentionOutput, a.attended, M, w.attention_output, a.attn_projected);
   ctx.tensor_parallel.sum_partials(a.attn_projected);  // Σ over heads
   FloatBuffer& residual = s.residual;

@@ -99,8 +99,10 @@ struct KVCache {
   void set_key_valid(Backend& backend, Span<const uint8_t> host);
 };
 
-// The attention geometry of `layer` for queries at start … start+T−1 over S cached keys.
-AttentionShape attention_shape(const GemmaConfig& config, int layer, int64_t B, int64_t T, int64_t start, int64_t S);
+// The attention geometry of `layer` for queries at start … start+T−1 over S cached keys; under the
+// policy's bf16 precision its products take bf16 inputs (AttentionShape::bf16_products).
+AttentionShape attention_shape(const GemmaConfig& config, int layer, int64_t B, int64_t T, int64_t start, int64_t S,
+                               MatmulPrecision precision);
 
 // Intermediate values the Keras fixtures record, filled when a trace is passed (copied out to the
 // host: tests and the training loss read them there).

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/batched_attention.h"
+
 
 namespace meshtune {
 
@@ -36,6 +38,32 @@ float query_scores(const cpu::VectorOps& ops, const float* qv, const float* k, c
   return max_score;
 }
 
+// The arrays the products read, rounded to bf16 under bf16_products (AttentionShape): queries or
+// output gradients [B, T, N, H] whole, keys and values [B, S, K, H] in the slots a query may read
+// (attention_key_slots; the rest zero). Without bf16_products they are the caller's arrays.
+class ProductInputs {
+ public:
+  ProductInputs(const AttentionShape& s) : s_(s) {}
+  const float* queries(const float* x) { return round(x, s_.batch * s_.query_len * s_.heads * s_.head_dim); }
+  const float* slots(const float* x) {
+    const int64_t row = s_.kv_heads * s_.head_dim;  // one key slot
+    return round(x, s_.batch * s_.capacity * row, attention_key_slots(s_) * row, s_.capacity * row);
+  }
+
+ private:
+  // Rounds x's first `used` values of each `period` (all of them when period is 1).
+  const float* round(const float* x, int64_t n, int64_t used = 1, int64_t period = 1) {
+    if (!s_.bf16_products) return x;
+    std::vector<float>& r = copies_.emplace_back(size_t(n), 0.f);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i)
+      if (period == 1 || i % period < used) r[size_t(i)] = round_to_bf16(x[i]);
+    return r.data();
+  }
+  const AttentionShape& s_;
+  std::vector<std::vector<float>> copies_;
+};
+
 }  // namespace
 
 void attention(const KernelPath& path, const float* q, const float* k, const float* v, const uint8_t* key_valid, const AttentionShape& s,
@@ -43,6 +71,8 @@ void attention(const KernelPath& path, const float* q, const float* k, const flo
   const int64_t B = s.batch, T = s.query_len, S = s.capacity, N = s.heads, K = s.kv_heads, H = s.head_dim;
   const int64_t group = N / K;
   const cpu::VectorOps& ops = path.ops();
+  ProductInputs rounded(s);
+  q = rounded.queries(q), k = rounded.slots(k), v = rounded.slots(v);
 #pragma omp parallel
   {
     std::vector<float> scores(static_cast<size_t>(S));
@@ -60,7 +90,7 @@ void attention(const KernelPath& path, const float* q, const float* k, const flo
           if (max_score == -INFINITY) continue;  // no allowed key: the row stays zero
           const float inv = 1.f / ops.exp_shifted(scores.data() + first, last - first + 1, max_score);
           for (int64_t j = first; j <= last; ++j)
-            if (scores[j] != 0.f) ops.axpy(scores[j] * inv, v + ((b * S + j) * K + kv) * H, o, H);
+            if (scores[j] != 0.f) ops.axpy(s.product_input(scores[j] * inv), v + ((b * S + j) * K + kv) * H, o, H);
         }
   }
 }
@@ -81,6 +111,8 @@ void attention_backward(const KernelPath& path, const float* q, const float* k, 
   const size_t rows = static_cast<size_t>(B * T * N);
   // Per query row; row_inv_sum = 0 marks a row with no allowed key (all its probabilities are 0).
   std::vector<float> row_max(rows, 0.f), row_inv_sum(rows, 0.f), row_delta(rows, 0.f);
+  ProductInputs rounded(s);
+  q = rounded.queries(q), dout = rounded.queries(dout), k = rounded.slots(k), v = rounded.slots(v);
 
   // Pass 1: softmax statistics and dq.
 #pragma omp parallel
@@ -103,13 +135,13 @@ void attention_backward(const KernelPath& path, const float* q, const float* k, 
           const float inv = 1.f / ops.exp_shifted(probs.data() + first, last - first + 1, max_score);
           float delta = 0;
           for (int64_t j = first; j <= last; ++j) {
-            probs[j] *= inv;
+            probs[j] = s.product_input(probs[j] * inv);
             dprobs[j] = probs[j] == 0.f ? 0.f : ops.dot(dov, v + ((b * S + j) * K + kv) * H, H);
             delta += probs[j] * dprobs[j];
           }
           for (int64_t j = first; j <= last; ++j) {
             if (probs[j] == 0.f) continue;
-            const float ds = probs[j] * (dprobs[j] - delta) * soft_cap_slope(scores[j], s.soft_cap);
+            const float ds = s.product_input(probs[j] * (dprobs[j] - delta) * soft_cap_slope(scores[j], s.soft_cap));
             ops.axpy(ds, k + ((b * S + j) * K + kv) * H, dqv, H);
           }
           row_max[row] = max_score;
@@ -140,9 +172,10 @@ void attention_backward(const KernelPath& path, const float* q, const float* k, 
             const float* qv = q + row * H;
             const float* dov = dout + row * H;
             const float score = attention_score(ops, qv, kj, H, s.soft_cap);
-            const float p = ops.exp(score - row_max[row]) * row_inv_sum[row];
+            const float p = s.product_input(ops.exp(score - row_max[row]) * row_inv_sum[row]);
             if (p == 0.f) continue;
-            const float ds = p * (ops.dot(dov, vj, H) - row_delta[row]) * soft_cap_slope(score, s.soft_cap);
+            const float ds =
+                s.product_input(p * (ops.dot(dov, vj, H) - row_delta[row]) * soft_cap_slope(score, s.soft_cap));
             ops.axpy(ds, qv, dkj, H);
             ops.axpy(p, dov, dvj, H);
           }

@@ -124,10 +124,6 @@ __device__ void widen_elements(const uint16_t* src, int64_t n, float* dst) {
 __global__ void narrow_kernel(const float* src, int64_t n, uint16_t* dst) { narrow_elements(src, n, dst); }
 __global__ void widen_kernel(const uint16_t* src, int64_t n, float* dst) { widen_elements(src, n, dst); }
 
-static void narrow(CudaState& s, const float* src, int64_t n, uint16_t* dst) {
-  narrow_kernel<<<blocks_for(quads(n)), kThreads, 0, s.stream>>>(src, n, dst);
-  check_launch("narrow_to_bf16");
-}
 static void widen(CudaState& s, const uint16_t* src, int64_t n, float* dst) {
   widen_kernel<<<blocks_for(quads(n)), kThreads, 0, s.stream>>>(src, n, dst);
   check_launch("widen_bf16");
@@ -169,7 +165,7 @@ static void for_each_launch_of_parts(const std::vector<Part>& parts, const Launc
 
 }  // namespace
 
-void CudaBackend::narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) { narrow(*state_, src, n, dst); }
+void CudaBackend::narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) { cuda::narrow(*state_, src, n, dst); }
 void CudaBackend::widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) { widen(*state_, src, n, dst); }
 
 void CudaBackend::narrow_parts_to_bf16_impl(const std::vector<ConstFloats>& parts, uint16_t* dst) {
@@ -234,14 +230,14 @@ static MatmulOperands matmul_operands(CudaState& s, const float* activations, in
   }
   if (precision == MatmulPrecision::BF16) {
     auto* a = static_cast<uint16_t*>(s.scratch_for(0, size_t(count) * 2));
-    narrow(s, activations, count, a);
+    cuda::narrow(s, activations, count, a);
     out.activations = a;
     out.type = CUDA_R_16BF;
     if (W.dtype == DType::BF16) {
       out.weights = W.data;
     } else {
       auto* w = static_cast<uint16_t*>(s.scratch_for(1, size_t(size) * 2));
-      narrow(s, W.f32(), size, w);
+      cuda::narrow(s, W.f32(), size, w);
       out.weights = w;
     }
     return out;
@@ -440,20 +436,36 @@ void CudaBackend::low_rank_backward_impl(const float* x, const float* dy, int64_
   check_launch("low_rank_backward (add the factors' gradients)");
 }
 
-// ---- row-major fp32 products (cuda_common.cuh) ----
+// ---- row-major products with fp32 sums (cuda_common.cuh) ----
 
-void cuda::sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
-                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-                 const char* op, Batch batch) {
+// A and B in `type` (fp32 or bf16), C in fp32.
+static void row_major_gemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
+                           float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, cudaDataType type,
+                           float beta, float* C, int64_t ldc, const char* op, cuda::Batch batch) {
   check(M < (int64_t(1) << 31) && N < (int64_t(1) << 31) && K < (int64_t(1) << 31) && batch.count < (int64_t(1) << 31),
         op, ": a matrix dimension does not fit cuBLAS' 32-bit sizes");
   // cuBLAS is column-major, where the row-major C is Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands swap.
   check_blas(cuda::cublas().gemm_strided_batched_ex(
                  s.blas, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, int(N),
-                 int(M), int(K), &alpha, B, CUDA_R_32F, int(ldb), batch.stride_b, A, CUDA_R_32F, int(lda),
-                 batch.stride_a, &beta, C, CUDA_R_32F, int(ldc), batch.stride_c, int(batch.count), CUBLAS_COMPUTE_32F,
-                 CUBLAS_GEMM_DEFAULT),
+                 int(M), int(K), &alpha, B, type, int(ldb), batch.stride_b, A, type, int(lda), batch.stride_a, &beta,
+                 C, CUDA_R_32F, int(ldc), batch.stride_c, int(batch.count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              op);
+}
+
+void cuda::sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                 const char* op, Batch batch) {
+  row_major_gemm(s, transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_32F, beta, C, ldc, op, batch);
+}
+void cuda::sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
+                 const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc,
+                 const char* op, Batch batch) {
+  row_major_gemm(s, transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, CUDA_R_16BF, beta, C, ldc, op, batch);
+}
+
+void cuda::narrow(CudaState& s, const float* src, int64_t n, uint16_t* dst) {
+  narrow_kernel<<<blocks_for(quads(n)), kThreads, 0, s.stream>>>(src, n, dst);
+  check_launch("narrow_to_bf16");
 }
 
 }  // namespace meshtune

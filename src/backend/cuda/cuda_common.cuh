@@ -171,6 +171,13 @@ struct Batch {
 void sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const char* op,
            Batch batch = {});
+// The same with bf16 A and B (fp32 sums, fp32 C): the bf16 policies' products on tensor cores.
+void sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           const char* op, Batch batch = {});
+
+// dst = src rounded to bf16 (nearest even), n values.
+void narrow(CudaState& s, const float* src, int64_t n, uint16_t* dst);
 
 }  // namespace cuda
 }  // namespace meshtune

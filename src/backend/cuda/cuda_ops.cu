@@ -144,11 +144,11 @@ __device__ int64_t key_index(const AttentionShape& s, const Query& q, int64_t j)
   return ((q.b * s.capacity + j) * s.kv_heads + q.kv) * s.head_dim;
 }
 
-// a·b over the head dimension, one warp per key slot: lanes read consecutive values (coalesced) and
-// sum in double; every lane gets the sum.
-__device__ double warp_dot(const float* a, const float* b, int64_t H) {
+// a·b over the head dimension as the products take them (s.product_input), one warp per key slot:
+// lanes read consecutive values (coalesced) and sum in double; every lane gets the sum.
+__device__ double warp_dot(const AttentionShape& s, const float* a, const float* b) {
   double d = 0;
-  for (int64_t h = threadIdx.x % 32; h < H; h += 32) d += double(a[h]) * b[h];
+  for (int64_t h = threadIdx.x % 32; h < s.head_dim; h += 32) d += double(s.product_input(a[h])) * s.product_input(b[h]);
   return warp_sum(d);
 }
 
@@ -156,12 +156,12 @@ __device__ double warp_dot(const float* a, const float* b, int64_t H) {
 // warp per key slot.
 __device__ void query_probabilities(const float* q, const float* k, const uint8_t* key_valid, const AttentionShape& s,
                                     const Query& qq, float* p, float* capped) {
-  const int64_t S = s.capacity, H = s.head_dim;
+  const int64_t S = s.capacity;
   const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
   float local_max = -INFINITY;
   for (int64_t j = threadIdx.x / 32; j < S; j += warps) {
     const bool allowed = j <= qq.pos && key_valid[qq.b * S + j] && (s.window == 0 || qq.pos - s.window < j);
-    double d = allowed ? warp_dot(q + qq.qi, k + key_index(s, qq, j), H) : 0;
+    double d = allowed ? warp_dot(s, q + qq.qi, k + key_index(s, qq, j)) : 0;
     if (allowed && s.soft_cap > 0) d = tanh(d / s.soft_cap) * s.soft_cap;
     if (lane == 0) {
       capped[j] = allowed ? float(d) : 0.f;
@@ -178,7 +178,7 @@ __device__ void query_probabilities(const float* q, const float* k, const uint8_
       sum += e;
     }
   sum = block_sum(sum);
-  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) p[j] = sum > 0 ? float(double(p[j]) / sum) : 0.f;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) p[j] = sum > 0 ? s.product_input(float(double(p[j]) / sum)) : 0.f;
   __syncthreads();
 }
 
@@ -201,12 +201,12 @@ __device__ void visit_in_flight(int64_t first, int64_t end, int64_t step, const 
 }
 
 // Σ_j w[j]·rows[slot j][h] over the query's key slots whose weight is not zero, in slot order and in
-// double.
+// double; the rows (values or keys) as the products take them.
 __device__ double weighted_slot_sum(const float* w, const float* rows, const AttentionShape& s, const Query& qq,
                                     int64_t h) {
   double acc = 0;
   visit_in_flight(
-      0, s.capacity, 1, [&](int64_t j) { return rows[key_index(s, qq, j) + h]; },
+      0, s.capacity, 1, [&](int64_t j) { return s.product_input(rows[key_index(s, qq, j) + h]); },
       [&](int64_t j, float value) {
         if (w[j] != 0) acc += double(w[j]) * value;
       });
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(1024)
       if (threadIdx.x % 32 == 0) ds[j] = 0;
       continue;
     }
-    const double dp = warp_dot(dout + qq.qi, v + key_index(s, qq, j), H);
+    const double dp = warp_dot(s, dout + qq.qi, v + key_index(s, qq, j));
     if (threadIdx.x % 32 == 0) {
       ds[j] = float(dp);
       p_dot_dp += double(p[j]) * dp;
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(1024)
     if (p[j] != 0) {
       double d = double(p[j]) * (double(ds[j]) - p_dot_dp);
       if (s.soft_cap > 0) d *= 1.0 - (double(capped[j]) / s.soft_cap) * (double(capped[j]) / s.soft_cap);
-      ds[j] = float(d);
+      ds[j] = s.product_input(float(d));
     }
     row_p[j] = p[j];
     row_ds[j] = ds[j];
@@ -280,8 +280,8 @@ __global__ void attention_key_gradients_kernel(const float* q, const float* dout
         const int64_t row = (b * T + t) * N + n;
         const float p = probs[row * S + j];
         if (p == 0) continue;
-        gk += double(dscores[row * S + j]) * q[row * H + h];
-        gv += double(p) * dout[row * H + h];
+        gk += double(dscores[row * S + j]) * s.product_input(q[row * H + h]);
+        gv += double(p) * s.product_input(dout[row * H + h]);
       }
     dk[int64_t(blockIdx.x) * H + h] = float(gk);
     dv[int64_t(blockIdx.x) * H + h] = float(gv);
@@ -297,10 +297,11 @@ __device__ bool key_allowed(const AttentionShape& s, const uint8_t* key_valid, i
   return j <= pos && key_valid[b * s.capacity + j] && (s.window == 0 || pos - s.window < j);
 }
 
-// In place: a row of raw scores becomes the query's probabilities (0 where not allowed); its capped
-// scores go to `capped` when given (backward's soft-cap slope).
+// A row of raw scores becomes the query's probabilities (0 where not allowed): in place, or rounded
+// to bf16 into `rounded` when given (bf16_products); its capped scores go to `capped` when given
+// (backward's soft-cap slope).
 __global__ void score_softmax_kernel(float* scores, float* capped, const uint8_t* key_valid, AttentionShape s,
-                                     int64_t L) {
+                                     int64_t L, uint16_t* rounded) {
   const int64_t row = blockIdx.x, t = row % s.query_len, b = row / (s.query_len * s.heads), pos = s.start + t;
   float* x = scores + row * L;
   float local_max = -INFINITY;
@@ -321,27 +322,34 @@ __global__ void score_softmax_kernel(float* scores, float* capped, const uint8_t
     sum += e;
   }
   sum = block_sum(sum);
-  for (int64_t j = threadIdx.x; j < L; j += blockDim.x)
-    x[j] = sum > 0 && key_allowed(s, key_valid, b, pos, j) ? float(double(x[j]) / sum) : 0.f;
+  for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
+    const float p = sum > 0 && key_allowed(s, key_valid, b, pos, j) ? float(double(x[j]) / sum) : 0.f;
+    if (rounded) rounded[row * L + j] = f32_to_bf16(p);
+    else x[j] = p;
+  }
 }
 
-// In place: a row of dp = dout·v_j becomes ds_j = p_j·(dp_j − Σ p·dp)·(1 − (capped/cap)²).
-__global__ void score_softmax_backward_kernel(const float* probs, const float* capped, float* dscores,
-                                              AttentionShape s, int64_t L) {
+// A row of dp = dout·v_j becomes ds_j = p_j·(dp_j − Σ p·dp)·(1 − (capped/cap)²), with p from `probs`
+// or from `rounded_probs` (bf16): in place over dp, or rounded to bf16 into `rounded` when given.
+__global__ void score_softmax_backward_kernel(const float* probs, const uint16_t* rounded_probs, const float* capped,
+                                              float* dscores, uint16_t* rounded, AttentionShape s, int64_t L) {
   const int64_t row = blockIdx.x;
-  const float* p = probs + row * L;
+  const auto p = [&](int64_t j) {
+    return rounded_probs ? bf16_to_f32(rounded_probs[row * L + j]) : probs[row * L + j];
+  };
   float* d = dscores + row * L;
   double p_dot_dp = 0;
   for (int64_t j = threadIdx.x; j < L; j += blockDim.x)
-    if (p[j] != 0) p_dot_dp += double(p[j]) * d[j];
+    if (p(j) != 0) p_dot_dp += double(p(j)) * d[j];
   p_dot_dp = block_sum(p_dot_dp);
   for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
-    double ds = p[j] != 0 ? double(p[j]) * (double(d[j]) - p_dot_dp) : 0.0;
-    if (p[j] != 0 && s.soft_cap > 0) {
+    double ds = p(j) != 0 ? double(p(j)) * (double(d[j]) - p_dot_dp) : 0.0;
+    if (p(j) != 0 && s.soft_cap > 0) {
       const double c = capped[row * L + j] / s.soft_cap;
       ds *= 1.0 - c * c;
     }
-    d[j] = float(ds);
+    if (rounded) rounded[row * L + j] = f32_to_bf16(float(ds));
+    else d[j] = float(ds);
   }
 }
 
@@ -650,10 +658,11 @@ static size_t attention_shared_bytes(Kernel kernel, const AttentionShape& s, int
   return bytes;
 }
 
-// The products of backend/batched_attention.h on cuBLAS, in fp32 (no TF32), over operands A, B, C.
-// They are column-major descriptions; the column-major C = op(A)·op(B) is the row-major
-// Cᵀ = op(B)ᵀ·op(A)ᵀ that cuda::sgemm takes.
-static void run_products(CudaState& st, const std::vector<BatchedProduct>& products, const float* A, const float* B,
+// The products of backend/batched_attention.h on cuBLAS over operands A, B (fp32, no TF32; or bf16
+// under bf16_products) and C (fp32). They are column-major descriptions; the column-major
+// C = op(A)·op(B) is the row-major Cᵀ = op(B)ᵀ·op(A)ᵀ that cuda::sgemm takes.
+template <class In>
+static void run_products(CudaState& st, const std::vector<BatchedProduct>& products, const In* A, const In* B,
                          float* C) {
   for (const BatchedProduct& p : products)
     cuda::sgemm(st, p.transpose_b, p.transpose_a, p.n, p.m, p.k, 1.f, B + p.b, p.ldb, A + p.a, p.lda, p.beta,
@@ -682,14 +691,72 @@ static void attention_by_kernels(CudaState& st, int gpu, const float* q, const f
   check_launch("attention");
 }
 
+// One scratch slot carved into arrays, each on a 256-byte boundary: made without a base it only
+// adds up their sizes.
+class ScratchArrays {
+ public:
+  explicit ScratchArrays(void* base = nullptr) : base_(static_cast<char*>(base)) {}
+  template <class T>
+  T* take(int64_t count) {
+    T* p = base_ ? reinterpret_cast<T*>(base_ + bytes_) : nullptr;
+    bytes_ += (size_t(count) * sizeof(T) + 255) / 256 * 256;
+    return p;
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  char* base_;
+  size_t bytes_ = 0;
+};
+
+// What the products route keeps in scratch: the score rows [queries, L] (fp32: scores, then on the
+// fp32 route the probabilities, in place); backward's score gradients (fp32 dp, in place on the fp32
+// route) and capped scores (with a soft-cap); under bf16_products the rounded probabilities and score
+// gradients and the narrowed q, k, v and dout.
+struct ProductScratch {
+  float *scores = nullptr, *dscores = nullptr, *capped = nullptr;
+  uint16_t *probs16 = nullptr, *dscores16 = nullptr, *q16 = nullptr, *k16 = nullptr, *v16 = nullptr,
+           *dout16 = nullptr;
+};
+
+static ProductScratch product_scratch(CudaState& st, const AttentionShape& s, bool backward) {
+  const int64_t queries = s.batch * s.query_len * s.heads, n = queries * attention_key_slots(s);
+  const int64_t q_size = queries * s.head_dim, kv_size = s.batch * s.capacity * s.kv_heads * s.head_dim;
+  const auto carve = [&](ScratchArrays a, size_t* bytes) {
+    ProductScratch p;
+    p.scores = a.take<float>(n);
+    if (backward && !s.bf16_products) p.dscores = a.take<float>(n);
+    if (backward && s.soft_cap > 0) p.capped = a.take<float>(n);
+    if (s.bf16_products) {
+      p.probs16 = a.take<uint16_t>(n);
+      if (backward) p.dscores16 = a.take<uint16_t>(n), p.dout16 = a.take<uint16_t>(q_size);
+      p.q16 = a.take<uint16_t>(q_size), p.k16 = a.take<uint16_t>(kv_size), p.v16 = a.take<uint16_t>(kv_size);
+    }
+    if (bytes) *bytes = a.bytes();
+    return p;
+  };
+  size_t bytes = 0;
+  carve(ScratchArrays(), &bytes);
+  return carve(ScratchArrays(st.scratch_for(kAttentionScratch, bytes)), nullptr);
+}
+
 static void attention_by_products(CudaState& st, const float* q, const float* k, const float* v,
                                   const uint8_t* key_valid, const AttentionShape& s, float* out) {
   const int64_t queries = s.batch * s.query_len * s.heads, L = attention_key_slots(s);
-  auto* scores = static_cast<float*>(st.scratch_for(kAttentionScratch, size_t(queries * L) * 4));
-  run_products(st, attention_score_products(s), k, q, scores);
-  score_softmax_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(scores, nullptr, key_valid, s, L);
+  const ProductScratch p = product_scratch(st, s, /*backward=*/false);
+  if (s.bf16_products) {
+    const int64_t kv_size = s.batch * s.capacity * s.kv_heads * s.head_dim;
+    cuda::narrow(st, q, queries * s.head_dim, p.q16);
+    cuda::narrow(st, k, kv_size, p.k16);
+    cuda::narrow(st, v, kv_size, p.v16);
+    run_products(st, attention_score_products(s), p.k16, p.q16, p.scores);
+  } else {
+    run_products(st, attention_score_products(s), k, q, p.scores);
+  }
+  score_softmax_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(p.scores, nullptr, key_valid, s, L, p.probs16);
   check_launch("attention (softmax)");
-  run_products(st, attention_sum_products(s), v, scores, out);
+  if (s.bf16_products) run_products(st, attention_sum_products(s), p.v16, p.probs16, out);
+  else run_products(st, attention_sum_products(s), v, p.scores, out);
 }
 
 struct AttentionGradients {
@@ -714,25 +781,42 @@ static void attention_backward_by_kernels(CudaState& st, int gpu, const float* q
   check_launch("attention_backward (keys)");
 }
 
+// The products of the score rows' backward over inputs of type In (fp32, or bf16 under
+// bf16_products): probabilities P and score gradients dS in `probs` and `dscores` (the fp32 route:
+// in place over `scores` and `dp`).
+template <class In>
+static void backward_products(CudaState& st, const In* q, const In* k, const In* v, const In* dout,
+                              const uint8_t* key_valid, const AttentionShape& s, const ProductScratch& p,
+                              float* dp, const In* probs, const In* dscores, const AttentionGradients& g) {
+  const int64_t queries = s.batch * s.query_len * s.heads, L = attention_key_slots(s);
+  run_products(st, attention_score_products(s), k, q, p.scores);
+  score_softmax_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(p.scores, p.capped, key_valid, s, L, p.probs16);
+  run_products(st, attention_score_products(s), v, dout, dp);  // dp = dout·vᵀ
+  score_softmax_backward_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(p.scores, p.probs16, p.capped, dp,
+                                                                                p.dscores16, s, L);
+  check_launch("attention_backward (softmax)");
+  run_products(st, attention_sum_products(s), k, dscores, g.dq);
+  run_products(st, attention_key_gradient_products(s), q, dscores, g.dk);
+  run_products(st, attention_key_gradient_products(s), dout, probs, g.dv);
+}
+
 static void attention_backward_by_products(CudaState& st, const float* q, const float* k, const float* v,
                                            const uint8_t* key_valid, const AttentionShape& s,
                                            const AttentionGradients& g) {
   const int64_t queries = s.batch * s.query_len * s.heads, keys = s.batch * s.capacity * s.kv_heads;
-  const int64_t L = attention_key_slots(s);
   zero_floats(st, g.dk, keys * s.head_dim);
   zero_floats(st, g.dv, keys * s.head_dim);
   if (queries == 0) return;
-  const int64_t n = queries * L;  // probabilities, score gradients, capped scores
-  auto* probs = static_cast<float*>(st.scratch_for(kAttentionScratch, size_t(3 * n) * 4));
-  float *dscores = probs + n, *capped = s.soft_cap > 0 ? probs + 2 * n : nullptr;
-  run_products(st, attention_score_products(s), k, q, probs);
-  score_softmax_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(probs, capped, key_valid, s, L);
-  run_products(st, attention_score_products(s), v, g.dout, dscores);  // dp = dout·vᵀ
-  score_softmax_backward_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(probs, capped, dscores, s, L);
-  check_launch("attention_backward (softmax)");
-  run_products(st, attention_sum_products(s), k, dscores, g.dq);
-  run_products(st, attention_key_gradient_products(s), q, dscores, g.dk);
-  run_products(st, attention_key_gradient_products(s), g.dout, probs, g.dv);
+  const ProductScratch p = product_scratch(st, s, /*backward=*/true);
+  if (s.bf16_products) {
+    cuda::narrow(st, q, queries * s.head_dim, p.q16);
+    cuda::narrow(st, g.dout, queries * s.head_dim, p.dout16);
+    cuda::narrow(st, k, keys * s.head_dim, p.k16);
+    cuda::narrow(st, v, keys * s.head_dim, p.v16);
+    backward_products(st, p.q16, p.k16, p.v16, p.dout16, key_valid, s, p, p.scores, p.probs16, p.dscores16, g);
+  } else {
+    backward_products(st, q, k, v, g.dout, key_valid, s, p, p.dscores, p.scores, p.dscores, g);
+  }
 }
 
 // Which route: MESHTUNE_CUDA_ATTENTION=kernels|gemm forces one. By default (auto) the first call of
