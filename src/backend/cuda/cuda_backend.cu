@@ -169,10 +169,7 @@ void CudaBackend::narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst
 void CudaBackend::widen_bf16_impl(const uint16_t* src, int64_t n, float* dst) { widen(*state_, src, n, dst); }
 
 void CudaBackend::narrow_parts_to_bf16_impl(const std::vector<ConstFloats>& parts, uint16_t* dst) {
-  for_each_launch_of_parts(parts, [&](const Bf16Parts& batch, dim3 grid) {
-    narrow_parts_kernel<<<grid, kThreads, 0, state_->stream>>>(batch, dst);
-    check_launch("narrow_to_bf16 (parts)");
-  });
+  cuda::narrow_parts(*state_, parts, dst);
 }
 void CudaBackend::widen_bf16_parts_impl(const uint16_t* src, const std::vector<Floats>& parts) {
   for_each_launch_of_parts(parts, [&](const Bf16Parts& batch, dim3 grid) {
@@ -466,6 +463,12 @@ void cuda::sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, in
 void cuda::narrow(CudaState& s, const float* src, int64_t n, uint16_t* dst) {
   narrow_kernel<<<blocks_for(quads(n)), kThreads, 0, s.stream>>>(src, n, dst);
   check_launch("narrow_to_bf16");
+}
+void cuda::narrow_parts(CudaState& s, const std::vector<Span<const float>>& parts, uint16_t* dst) {
+  for_each_launch_of_parts(parts, [&](const Bf16Parts& batch, dim3 grid) {
+    narrow_parts_kernel<<<grid, kThreads, 0, s.stream>>>(batch, dst);
+    check_launch("narrow_to_bf16 (parts)");
+  });
 }
 
 }  // namespace meshtune

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/error.h"
 #include "core/shared_library.h"
 
@@ -176,8 +177,10 @@ void sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t 
            const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc,
            const char* op, Batch batch = {});
 
-// dst = src rounded to bf16 (nearest even), n values.
+// dst = src rounded to bf16 (nearest even), n values; or several arrays into consecutive parts of
+// dst, up to 16 a launch.
 void narrow(CudaState& s, const float* src, int64_t n, uint16_t* dst);
+void narrow_parts(CudaState& s, const std::vector<Span<const float>>& parts, uint16_t* dst);
 
 }  // namespace cuda
 }  // namespace meshtune

@@ -297,59 +297,82 @@ __device__ bool key_allowed(const AttentionShape& s, const uint8_t* key_valid, i
   return j <= pos && key_valid[b * s.capacity + j] && (s.window == 0 || pos - s.window < j);
 }
 
+// The score-row kernels give each row one warp: rows are a sequence's keys long, and a block per
+// row spent more on its barriers than on the row (0.96 ms a call for [131072, 1024] scores on an
+// H200, 3.5× the time its bytes take). Warp reductions with xor shuffles leave every lane the same
+// value, whatever its position.
+
+// A softmax's running maximum and Σ exp(x − max) over some of a row's values.
+struct RunningSum {
+  double max = -INFINITY, sum = 0;
+
+  __device__ void add(double x) {
+    if (x > max) sum = sum * exp(max - x), max = x;  // exp(−∞) = 0 for the first value
+    sum += exp(x - max);
+  }
+  // Merged with the other lanes' (each lane gets the whole warp's; the merge is symmetric, so all agree).
+  __device__ void merge_warp() {
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const double other_max = __shfl_xor_sync(0xffffffffu, max, offset);
+      const double other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
+      const double merged = fmax(max, other_max);
+      sum = (sum > 0 ? sum * exp(max - merged) : 0.0) + (other_sum > 0 ? other_sum * exp(other_max - merged) : 0.0);
+      max = merged;
+    }
+  }
+};
+
 // A row of raw scores becomes the query's probabilities (0 where not allowed): in place, or rounded
 // to bf16 into `rounded` when given (bf16_products); its capped scores go to `capped` when given
-// (backward's soft-cap slope).
+// (backward's soft-cap slope). The row is read twice (the second time from cache), written once.
 __global__ void score_softmax_kernel(float* scores, float* capped, const uint8_t* key_valid, AttentionShape s,
-                                     int64_t L, uint16_t* rounded) {
-  const int64_t row = blockIdx.x, t = row % s.query_len, b = row / (s.query_len * s.heads), pos = s.start + t;
-  float* x = scores + row * L;
-  float local_max = -INFINITY;
-  for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
-    if (!key_allowed(s, key_valid, b, pos, j)) continue;
-    double d = x[j];
-    if (s.soft_cap > 0) d = tanh(d / s.soft_cap) * s.soft_cap;
-    x[j] = float(d);
-    local_max = fmaxf(local_max, float(d));
-  }
-  const float max = block_max(local_max);
-  double sum = 0;
-  for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
-    const bool allowed = key_allowed(s, key_valid, b, pos, j);
-    if (capped) capped[row * L + j] = allowed ? x[j] : 0.f;
-    const double e = allowed ? exp(double(x[j]) - max) : 0.0;
-    x[j] = float(e);  // unnormalized until the sum is known
-    sum += e;
-  }
-  sum = block_sum(sum);
-  for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
-    const float p = sum > 0 && key_allowed(s, key_valid, b, pos, j) ? float(double(x[j]) / sum) : 0.f;
-    if (rounded) rounded[row * L + j] = f32_to_bf16(p);
-    else x[j] = p;
+                                     int64_t rows, int64_t L, uint16_t* rounded) {
+  FOR_EACH_WARP_ITEM(row, rows) {
+    const int64_t t = row % s.query_len, b = row / (s.query_len * s.heads), pos = s.start + t;
+    float* x = scores + row * L;
+    const auto capped_score = [&](int64_t j) {
+      const double d = x[j];
+      return s.soft_cap > 0 ? float(tanh(d / s.soft_cap) * s.soft_cap) : float(d);
+    };
+    RunningSum softmax;
+    for (int64_t j = threadIdx.x % 32; j < L; j += 32) {
+      const bool allowed = key_allowed(s, key_valid, b, pos, j);
+      if (allowed) softmax.add(capped_score(j));
+      if (capped) capped[row * L + j] = allowed ? capped_score(j) : 0.f;
+    }
+    softmax.merge_warp();
+    const double inverse = softmax.sum > 0 ? 1.0 / softmax.sum : 0.0;
+    for (int64_t j = threadIdx.x % 32; j < L; j += 32) {
+      const float p = key_allowed(s, key_valid, b, pos, j) ? float(exp(capped_score(j) - softmax.max) * inverse) : 0.f;
+      if (rounded) rounded[row * L + j] = f32_to_bf16(p);
+      else x[j] = p;
+    }
   }
 }
 
 // A row of dp = dout·v_j becomes ds_j = p_j·(dp_j − Σ p·dp)·(1 − (capped/cap)²), with p from `probs`
 // or from `rounded_probs` (bf16): in place over dp, or rounded to bf16 into `rounded` when given.
 __global__ void score_softmax_backward_kernel(const float* probs, const uint16_t* rounded_probs, const float* capped,
-                                              float* dscores, uint16_t* rounded, AttentionShape s, int64_t L) {
-  const int64_t row = blockIdx.x;
-  const auto p = [&](int64_t j) {
-    return rounded_probs ? bf16_to_f32(rounded_probs[row * L + j]) : probs[row * L + j];
-  };
-  float* d = dscores + row * L;
-  double p_dot_dp = 0;
-  for (int64_t j = threadIdx.x; j < L; j += blockDim.x)
-    if (p(j) != 0) p_dot_dp += double(p(j)) * d[j];
-  p_dot_dp = block_sum(p_dot_dp);
-  for (int64_t j = threadIdx.x; j < L; j += blockDim.x) {
-    double ds = p(j) != 0 ? double(p(j)) * (double(d[j]) - p_dot_dp) : 0.0;
-    if (p(j) != 0 && s.soft_cap > 0) {
-      const double c = capped[row * L + j] / s.soft_cap;
-      ds *= 1.0 - c * c;
+                                              float* dscores, uint16_t* rounded, AttentionShape s, int64_t rows,
+                                              int64_t L) {
+  FOR_EACH_WARP_ITEM(row, rows) {
+    const auto p = [&](int64_t j) {
+      return rounded_probs ? bf16_to_f32(rounded_probs[row * L + j]) : probs[row * L + j];
+    };
+    float* d = dscores + row * L;
+    double p_dot_dp = 0;
+    for (int64_t j = threadIdx.x % 32; j < L; j += 32)
+      if (p(j) != 0) p_dot_dp += double(p(j)) * d[j];
+    p_dot_dp = warp_sum(p_dot_dp);
+    for (int64_t j = threadIdx.x % 32; j < L; j += 32) {
+      double ds = p(j) != 0 ? double(p(j)) * (double(d[j]) - p_dot_dp) : 0.0;
+      if (p(j) != 0 && s.soft_cap > 0) {
+        const double c = capped[row * L + j] / s.soft_cap;
+        ds *= 1.0 - c * c;
+      }
+      if (rounded) rounded[row * L + j] = f32_to_bf16(float(ds));
+      else d[j] = float(ds);
     }
-    if (rounded) rounded[row * L + j] = f32_to_bf16(float(ds));
-    else d[j] = float(ds);
   }
 }
 
@@ -729,8 +752,10 @@ static ProductScratch product_scratch(CudaState& st, const AttentionShape& s, bo
     if (backward && s.soft_cap > 0) p.capped = a.take<float>(n);
     if (s.bf16_products) {
       p.probs16 = a.take<uint16_t>(n);
-      if (backward) p.dscores16 = a.take<uint16_t>(n), p.dout16 = a.take<uint16_t>(q_size);
-      p.q16 = a.take<uint16_t>(q_size), p.k16 = a.take<uint16_t>(kv_size), p.v16 = a.take<uint16_t>(kv_size);
+      if (backward) p.dscores16 = a.take<uint16_t>(n);
+      // q, k, v and dout consecutive, narrowed in one launch (narrow_product_inputs).
+      p.q16 = a.take<uint16_t>(q_size + 2 * kv_size + (backward ? q_size : 0));
+      if (p.q16) p.k16 = p.q16 + q_size, p.v16 = p.k16 + kv_size, p.dout16 = backward ? p.v16 + kv_size : nullptr;
     }
     if (bytes) *bytes = a.bytes();
     return p;
@@ -740,20 +765,28 @@ static ProductScratch product_scratch(CudaState& st, const AttentionShape& s, bo
   return carve(ScratchArrays(st.scratch_for(kAttentionScratch, bytes)), nullptr);
 }
 
+// The bf16 copies of q, k, v and (backward, when given) dout, in one launch.
+static void narrow_product_inputs(CudaState& st, const AttentionShape& s, const float* q, const float* k,
+                                  const float* v, const float* dout, const ProductScratch& p) {
+  const size_t q_size = size_t(s.batch * s.query_len * s.heads * s.head_dim),
+               kv_size = size_t(s.batch * s.capacity * s.kv_heads * s.head_dim);
+  std::vector<ConstFloats> parts = {{q, q_size, Device::Cuda}, {k, kv_size, Device::Cuda}, {v, kv_size, Device::Cuda}};
+  if (dout) parts.push_back({dout, q_size, Device::Cuda});
+  cuda::narrow_parts(st, parts, p.q16);
+}
+
 static void attention_by_products(CudaState& st, const float* q, const float* k, const float* v,
                                   const uint8_t* key_valid, const AttentionShape& s, float* out) {
   const int64_t queries = s.batch * s.query_len * s.heads, L = attention_key_slots(s);
   const ProductScratch p = product_scratch(st, s, /*backward=*/false);
   if (s.bf16_products) {
-    const int64_t kv_size = s.batch * s.capacity * s.kv_heads * s.head_dim;
-    cuda::narrow(st, q, queries * s.head_dim, p.q16);
-    cuda::narrow(st, k, kv_size, p.k16);
-    cuda::narrow(st, v, kv_size, p.v16);
+    narrow_product_inputs(st, s, q, k, v, nullptr, p);
     run_products(st, attention_score_products(s), p.k16, p.q16, p.scores);
   } else {
     run_products(st, attention_score_products(s), k, q, p.scores);
   }
-  score_softmax_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(p.scores, nullptr, key_valid, s, L, p.probs16);
+  score_softmax_kernel<<<blocks_for(32 * queries), kThreads, 0, st.stream>>>(p.scores, nullptr, key_valid, s, queries, L,
+                                                                            p.probs16);
   check_launch("attention (softmax)");
   if (s.bf16_products) run_products(st, attention_sum_products(s), p.v16, p.probs16, out);
   else run_products(st, attention_sum_products(s), v, p.scores, out);
@@ -790,10 +823,11 @@ static void backward_products(CudaState& st, const In* q, const In* k, const In*
                               float* dp, const In* probs, const In* dscores, const AttentionGradients& g) {
   const int64_t queries = s.batch * s.query_len * s.heads, L = attention_key_slots(s);
   run_products(st, attention_score_products(s), k, q, p.scores);
-  score_softmax_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(p.scores, p.capped, key_valid, s, L, p.probs16);
+  score_softmax_kernel<<<blocks_for(32 * queries), kThreads, 0, st.stream>>>(p.scores, p.capped, key_valid, s, queries,
+                                                                            L, p.probs16);
   run_products(st, attention_score_products(s), v, dout, dp);  // dp = dout·vᵀ
-  score_softmax_backward_kernel<<<unsigned(queries), kThreads, 0, st.stream>>>(p.scores, p.probs16, p.capped, dp,
-                                                                                p.dscores16, s, L);
+  score_softmax_backward_kernel<<<blocks_for(32 * queries), kThreads, 0, st.stream>>>(p.scores, p.probs16, p.capped,
+                                                                                       dp, p.dscores16, s, queries, L);
   check_launch("attention_backward (softmax)");
   run_products(st, attention_sum_products(s), k, dscores, g.dq);
   run_products(st, attention_key_gradient_products(s), q, dscores, g.dk);
@@ -809,10 +843,7 @@ static void attention_backward_by_products(CudaState& st, const float* q, const 
   if (queries == 0) return;
   const ProductScratch p = product_scratch(st, s, /*backward=*/true);
   if (s.bf16_products) {
-    cuda::narrow(st, q, queries * s.head_dim, p.q16);
-    cuda::narrow(st, g.dout, queries * s.head_dim, p.dout16);
-    cuda::narrow(st, k, keys * s.head_dim, p.k16);
-    cuda::narrow(st, v, keys * s.head_dim, p.v16);
+    narrow_product_inputs(st, s, q, k, v, g.dout, p);
     backward_products(st, p.q16, p.k16, p.v16, p.dout16, key_valid, s, p, p.scores, p.probs16, p.dscores16, g);
   } else {
     backward_products(st, q, k, v, g.dout, key_valid, s, p, p.dscores, p.scores, p.dscores, g);
