@@ -215,17 +215,26 @@ __device__ void visit_in_flight(int64_t first, int64_t end, int64_t step, const 
   }
 }
 
-// Σ_j w[j]·rows[slot j][h] over the query's key slots whose weight is not zero, in slot order and in
+// Σ_j w[j]·rows[slot j][h] over key slots first … end−1 whose weight is not zero, in slot order and in
 // double; the rows (values or keys) as the products take them.
 __device__ double weighted_slot_sum(const float* w, const float* rows, const AttentionShape& s, const Query& qq,
-                                    int64_t h) {
+                                    int64_t h, int64_t first, int64_t end) {
   double acc = 0;
   visit_in_flight(
-      0, s.capacity, 1, [&](int64_t j) { return s.product_input(rows[key_index(s, qq, j) + h]); },
+      first, end, 1, [&](int64_t j) { return s.product_input(rows[key_index(s, qq, j) + h]); },
       [&](int64_t j, float value) {
         if (w[j] != 0) acc += double(w[j]) * value;
       });
   return acc;
+}
+
+// The forward kernel's slot groups for a block of `threads` (at least one), and where its partial sums
+// start in shared memory: after the probabilities and capped scores, on an 8-byte boundary.
+__host__ __device__ inline int64_t attention_slot_groups(const AttentionShape& s, int64_t threads) {
+  return s.head_dim < threads ? threads / s.head_dim : 1;
+}
+__host__ __device__ inline int64_t attention_partials_offset(const AttentionShape& s) {
+  return (2 * s.capacity + 1) / 2 * 2;  // in floats
 }
 
 // Both per-query kernels take up to 1024 threads a block (attention_threads): __launch_bounds__
@@ -238,8 +247,22 @@ __global__ void __launch_bounds__(1024)
   float *p = shared, *capped = shared + s.capacity;
   const Query qq = this_query(s);
   query_probabilities(q, k, key_valid, s, qq, p, capped);
-  for (int64_t h = threadIdx.x; h < s.head_dim; h += blockDim.x)
-    out[qq.qi + h] = float(weighted_slot_sum(p, v, s, qq, h));
+  // The weighted sum of the values: the key slots split into contiguous ranges, one per group of
+  // head_dim threads (a block of 1024 threads has 4 groups at H = 256), each range's sum a partial
+  // in shared memory, added in range order. One thread per h over every slot left most of a decode
+  // block idle and waiting on one load chain (35 µs a call for 192 slots on an H200).
+  const int64_t H = s.head_dim, S = s.capacity, groups = attention_slot_groups(s, blockDim.x);
+  double* partial = reinterpret_cast<double*>(shared + attention_partials_offset(s));
+  for (int64_t e = threadIdx.x; e < groups * H; e += blockDim.x) {
+    const int64_t g = e / H, first = S * g / groups, end = S * (g + 1) / groups;
+    partial[e] = weighted_slot_sum(p, v, s, qq, e % H, first, end);
+  }
+  __syncthreads();
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    double total = 0;
+    for (int64_t g = 0; g < groups; ++g) total += partial[g * H + h];
+    out[qq.qi + h] = float(total);
+  }
 }
 
 // Backward in two passes, without atomics. Per query (one block each): dp_j = dout·v_j;
@@ -280,7 +303,7 @@ __global__ void __launch_bounds__(1024)
   }
   __syncthreads();
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
-    dq[qq.qi + h] = float(weighted_slot_sum(ds, k, s, qq, h));
+    dq[qq.qi + h] = float(weighted_slot_sum(ds, k, s, qq, h, 0, S));
 }
 
 // One block per key slot (b, j, kv head): threads over the head dimension.
@@ -684,11 +707,10 @@ void CudaBackend::rope_backward_impl(float* dx, int64_t tokens, int64_t heads, i
   launch_rope(*state_, dx, tokens, heads, head_dim, positions, base, scaling, true);
 }
 
-// The shared memory an attention kernel needs for `arrays` values per key slot, allowed past the
-// 48 KB default when the GPU has it.
+// The shared memory a per-query attention kernel needs (`bytes`, which grow with the key slots),
+// allowed past the 48 KB default when the GPU has it.
 template <class Kernel>
-static size_t attention_shared_bytes(Kernel kernel, const AttentionShape& s, int arrays, int gpu) {
-  const size_t bytes = size_t(arrays) * size_t(s.capacity) * sizeof(float);
+static size_t attention_shared_bytes(Kernel kernel, const AttentionShape& s, size_t bytes, int gpu) {
   if (bytes > 48 * 1024) {
     int limit = 0;
     check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu), "attention");
@@ -726,9 +748,12 @@ static unsigned attention_threads(const AttentionShape& s, int64_t queries) {
 static void attention_by_kernels(CudaState& st, int gpu, const float* q, const float* k, const float* v,
                                  const uint8_t* key_valid, const AttentionShape& s, float* out) {
   const int64_t queries = s.batch * s.query_len * s.heads;
-  const size_t shared = attention_shared_bytes(attention_kernel, s, 2, gpu);
-  attention_kernel<<<unsigned(queries), attention_threads(s, queries), shared, st.stream>>>(q, k, v, key_valid, s,
-                                                                                            out);
+  const unsigned threads = attention_threads(s, queries);
+  // Probabilities and capped scores per slot, then the slot groups' partial sums.
+  const size_t bytes = size_t(attention_partials_offset(s)) * sizeof(float) +
+                       size_t(attention_slot_groups(s, threads) * s.head_dim) * sizeof(double);
+  const size_t shared = attention_shared_bytes(attention_kernel, s, bytes, gpu);
+  attention_kernel<<<unsigned(queries), threads, shared, st.stream>>>(q, k, v, key_valid, s, out);
   check_launch("attention");
 }
 
@@ -822,7 +847,7 @@ static void attention_backward_by_kernels(CudaState& st, int gpu, const float* q
   auto* probs = static_cast<float*>(st.scratch_for(kAttentionScratch, size_t(2 * queries * s.capacity) * 4 + 4));
   float* dscores = probs + queries * s.capacity;
   if (queries > 0) {
-    const size_t shared = attention_shared_bytes(attention_backward_kernel, s, 3, gpu);
+    const size_t shared = attention_shared_bytes(attention_backward_kernel, s, 3 * size_t(s.capacity) * sizeof(float), gpu);
     attention_backward_kernel<<<unsigned(queries), attention_threads(s, queries), shared, st.stream>>>(
         q, k, v, key_valid, s, g.dout, g.dq, probs, dscores);
     check_launch("attention_backward");
