@@ -470,8 +470,8 @@ TEST(Cuda, ALoraStepsRoundTripsAndLaunchesAreBounded) {
     if (step > 0) std::printf("  %-40s %lld\n", name.c_str(), (long long)step);
   }
   EXPECT_LE(after.downloads - before.downloads, 3);
-  // Measured 173 launches (181 with attention as products: under mixed_bfloat16 their bf16 copies of
-  // q, k, v and dO, one launch each way per layer) and 114 products (the fp32-stored
+  // Measured 173 launches (177 with attention as products: their bf16 copies of q, k, v and dO under
+  // mixed_bfloat16 add one launch each way per layer, their key gradients need no zeroing) and 114 products (the fp32-stored
   // weights narrowed at each bf16 product included; 24 of the launches are copies and zeroings,
   // which were cudaMemcpyAsync / cudaMemsetAsync calls before: each cost the host more than a
   // launch); one launch per saved activation, per parameter's finiteness check or AdamW update, or

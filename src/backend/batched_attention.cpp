@@ -64,7 +64,7 @@ std::vector<BatchedProduct> attention_key_gradient_products(const AttentionShape
     p.a = (b * T * N + g) * H, p.lda = N * H, p.stride_a = G * H;
     p.b = (b * N + g) * T * L, p.ldb = L, p.stride_b = G * T * L;
     p.c = b * S * K * H, p.ldc = K * H, p.stride_c = H;
-    p.beta = 1;
+    p.beta = g == 0 ? 0 : 1;  // the first group head writes the slots, the others add to them
     return p;
   });
 }

@@ -34,8 +34,9 @@ int64_t attention_key_slots(const AttentionShape& s);
 std::vector<BatchedProduct> attention_score_products(const AttentionShape& s);
 // out[b, t, n, :] = Σ_j w[b, n, t, j]·values[b, j, kv, :]   (A = values: v or k, B = w: P or dS; C = out)
 std::vector<BatchedProduct> attention_sum_products(const AttentionShape& s);
-// out[b, j, kv, :] += Σ_{g, t} w[b, kv·G + g, t, j]·x[b, t, kv·G + g, :]   (A = x, B = w; C = out, which
-// the caller zeroes first)
+// out[b, j, kv, :] = Σ_{g, t} w[b, kv·G + g, t, j]·x[b, t, kv·G + g, :] for the slots j < L (A = x,
+// B = w; C = out: the products for g = 0 write it, the others add; slots L … S−1 are the caller's to
+// zero)
 std::vector<BatchedProduct> attention_key_gradient_products(const AttentionShape& s);
 
 }  // namespace meshtune

@@ -881,8 +881,10 @@ static void attention_backward_by_products(CudaState& st, const float* q, const 
                                            const uint8_t* key_valid, const AttentionShape& s,
                                            const AttentionGradients& g) {
   const int64_t queries = s.batch * s.query_len * s.heads, keys = s.batch * s.capacity * s.kv_heads;
-  zero_floats(st, g.dk, keys * s.head_dim);
-  zero_floats(st, g.dv, keys * s.head_dim);
+  if (queries == 0 || attention_key_slots(s) < s.capacity) {  // the products write slots below L only
+    zero_floats(st, g.dk, keys * s.head_dim);
+    zero_floats(st, g.dv, keys * s.head_dim);
+  }
   if (queries == 0) return;
   const ProductScratch p = product_scratch(st, s, /*backward=*/true);
   if (s.bf16_products) {
