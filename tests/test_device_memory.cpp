@@ -470,13 +470,14 @@ TEST(Cuda, ALoraStepsRoundTripsAndLaunchesAreBounded) {
     if (step > 0) std::printf("  %-40s %lld\n", name.c_str(), (long long)step);
   }
   EXPECT_LE(after.downloads - before.downloads, 3);
-  // Measured 173 launches (177 with attention as products: their bf16 copies of q, k, v and dO under
-  // mixed_bfloat16 add one launch each way per layer, their key gradients need no zeroing) and 114 products (the fp32-stored
-  // weights narrowed at each bf16 product included; 24 of the launches are copies and zeroings,
-  // which were cudaMemcpyAsync / cudaMemsetAsync calls before: each cost the host more than a
-  // launch); one launch per saved activation, per parameter's finiteness check or AdamW update, or
-  // per LoRA product, as before, would exceed these.
-  EXPECT_LE(launches, 190);
+  // Measured 169 launches (173 with attention as products: their bf16 copies of q, k, v and dO under
+  // mixed_bfloat16 add one launch each way per layer, their key gradients need no zeroing) and 114
+  // products (the fp32-stored weights narrowed at each bf16 product included; 20 of the launches are
+  // copies and zeroings, which were cudaMemcpyAsync / cudaMemsetAsync calls before: each cost the
+  // host more than a launch; the post-norms read the branch instead of a copy of it); one launch per
+  // saved activation, per parameter's finiteness check or AdamW update, or per LoRA product, as
+  // before, would exceed these.
+  EXPECT_LE(launches, 180);
   EXPECT_LE(after.products - before.products, 120);
 }
 
@@ -512,10 +513,11 @@ TEST(Cuda, ADecodeStepsRoundTripsAndLaunchesAreBounded) {
               host.config.num_layers, (long long)(long_run[0] - short_run[0]), (long long)(long_run[1] - short_run[1]),
               (long long)(long_run[2] - short_run[2]), double(long_run[3] - short_run[3]) / double(calls));
   EXPECT_EQ(long_run[2] - short_run[2], 8);
-  // Measured 328 launches (80 of them copies, which were cudaMemcpyAsync calls before), and 120
-  // cuBLAS products with the per-query attention kernels (248 with attention as products, which
-  // decode's single queries make one call per row and head group).
-  EXPECT_LE(long_run[0] - short_run[0], 340);
+  // Measured 248 launches (328 before inference stopped copying the residual stream for a backward
+  // pass it does not run, and the post-norms read their branch in place of a copy), and 120 cuBLAS
+  // products with the per-query attention kernels (248 with attention as products, which decode's
+  // single queries make one call per row and head group).
+  EXPECT_LE(long_run[0] - short_run[0], 260);
 }
 #endif
 

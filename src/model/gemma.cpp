@@ -150,10 +150,11 @@ AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64
 }
 
 // One decoder block, in place on the residual stream x [M = B·T, D]; `a` receives the block's
-// intermediate values (the caller keeps them for backward, or drops them).
+// intermediate values — all of them when the caller keeps them for backward (`for_backward`);
+// otherwise the residual stream's copies (input, mid) are not made and GeGLU runs in place on `gate`.
 static void decoder_block(const Context& ctx, const GemmaModel& model, const DecoderLayerWeights& w, int layer,
                           FloatBuffer& x, Span<const int64_t> positions, int64_t B, int64_t T, int64_t start,
-                          KVCache& cache, BlockActivations& a, BlockScratch& s) {
+                          KVCache& cache, BlockActivations& a, BlockScratch& s, bool for_backward) {
   Backend& b = ctx.backend;
   const GemmaConfig& c = model.config;
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
@@ -165,7 +166,14 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
     b.resize(dst, size_t(n));
     b.copy(src, n, dst);
   };
-  copy(x, M * D, a.input);
+  // A branch joins the residual stream, through its post-norm when the family has one.
+  const auto join_residual = [&](const FloatBuffer& branch, bool use_post_norm, const WeightVector& post_norm) {
+    if (!use_post_norm) return b.add_into(x, branch, M * D);
+    buffer(s.residual, M * D);
+    b.rmsnorm(branch, post_norm, M, D, eps, s.residual);
+    b.add_into(x, s.residual, M * D);
+  };
+  if (for_backward) copy(x, M * D, a.input);
 
   // --- attention ---
   buffer(a.attn_normed, M * D);
@@ -196,11 +204,8 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
   b.attention(a.q, cache_k, cache_v, cache.key_valid, attention_shape(c, layer, B, T, start, S, ctx.precision), a.attended);
   project(ctx, model, layer, Slot::AttentionOutput, a.attended, M, w.attention_output, a.attn_projected);
   ctx.tensor_parallel.sum_partials(a.attn_projected);  // Σ over heads
-  FloatBuffer& residual = s.residual;
-  copy(a.attn_projected, M * D, residual);
-  if (c.use_post_attention_norm) b.rmsnorm(residual, w.post_attention_norm, M, D, eps, residual);
-  b.add_into(x, residual, M * D);
-  copy(x, M * D, a.mid);
+  join_residual(a.attn_projected, c.use_post_attention_norm, w.post_attention_norm);
+  if (for_backward) copy(x, M * D, a.mid);
 
   // --- feed-forward (GeGLU) ---
   buffer(a.ffw_normed, M * D);
@@ -210,13 +215,12 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
   b.rmsnorm(x, w.pre_ffw_norm, M, D, eps, a.ffw_normed);
   project(ctx, model, layer, Slot::FfwGating, a.ffw_normed, M, w.ffw_gating, a.gate);
   project(ctx, model, layer, Slot::FfwGating2, a.ffw_normed, M, w.ffw_gating_2, a.up);
-  copy(a.gate, M * F, s.activated);
-  b.geglu(s.activated, a.up, M * F);
-  project(ctx, model, layer, Slot::FfwLinear, s.activated, M, w.ffw_linear, a.ffw_projected);
+  FloatBuffer& activated = for_backward ? s.activated : a.gate;  // backward needs gate itself
+  if (for_backward) copy(a.gate, M * F, activated);
+  b.geglu(activated, a.up, M * F);
+  project(ctx, model, layer, Slot::FfwLinear, activated, M, w.ffw_linear, a.ffw_projected);
   ctx.tensor_parallel.sum_partials(a.ffw_projected);  // Σ over width
-  copy(a.ffw_projected, M * D, residual);
-  if (c.use_post_ffw_norm) b.rmsnorm(residual, w.post_ffw_norm, M, D, eps, residual);
-  b.add_into(x, residual, M * D);
+  join_residual(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm);
 }
 
 // The buffers of a block's activations (const or not), in a fixed order (for SavedBlocks' bf16 copies).
@@ -302,7 +306,8 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     BlockActivations& a = saved ? saved->forward_set(layer) : ws.unsaved;
-    decoder_block(ctx, model, model.layer_weights(layer), layer, x, ws.positions, B, T, start, cache, a, ws.scratch);
+    decoder_block(ctx, model, model.layer_weights(layer), layer, x, ws.positions, B, T, start, cache, a, ws.scratch,
+                  saved != nullptr);
     if (saved) saved->keep(layer);
     if (trace) copy_out(trace->block_outputs.emplace_back());
   }
