@@ -206,9 +206,8 @@ struct QueryProbabilities {
   std::vector<double> p, capped;
 };
 
-// A product's input as the shape's precision has it: bf16-rounded under bf16_products (as a double,
-// so that the sums stay exact enough to be the oracle); under fp32 the value itself.
-double operand(const AttentionShape& s, float x) { return s.product_input(x); }
+// A product's input as the shape's precision has it: bf16-rounded under bf16_products; otherwise
+// the value itself (fp32 inputs as they are, the probabilities and score gradients still double).
 double operand(const AttentionShape& s, double x) { return s.bf16_products ? s.product_input(float(x)) : x; }
 
 QueryProbabilities probabilities(const float* q, const float* k, const uint8_t* key_valid, const AttentionShape& s,

@@ -229,12 +229,12 @@ __device__ double weighted_slot_sum(const float* w, const float* rows, const Att
 }
 
 // The forward kernel's slot groups for a block of `threads` (at least one), and where its partial sums
-// start in shared memory: after the probabilities and capped scores, on an 8-byte boundary.
+// start in shared memory: after the probabilities and capped scores (2·S floats: 8-byte aligned).
 __host__ __device__ inline int64_t attention_slot_groups(const AttentionShape& s, int64_t threads) {
   return s.head_dim < threads ? threads / s.head_dim : 1;
 }
 __host__ __device__ inline int64_t attention_partials_offset(const AttentionShape& s) {
-  return (2 * s.capacity + 1) / 2 * 2;  // in floats
+  return 2 * s.capacity;  // in floats
 }
 
 // Both per-query kernels take up to 1024 threads a block (attention_threads): __launch_bounds__
@@ -375,8 +375,9 @@ __global__ void score_softmax_kernel(float* scores, float* capped, const uint8_t
     RunningSum softmax;
     for (int64_t j = threadIdx.x % 32; j < L; j += 32) {
       const bool allowed = key_allowed(s, key_valid, b, pos, j);
-      if (allowed) softmax.add(capped_score(j));
-      if (capped) capped[row * L + j] = allowed ? capped_score(j) : 0.f;
+      const float score = allowed ? capped_score(j) : 0.f;
+      if (allowed) softmax.add(score);
+      if (capped) capped[row * L + j] = score;
     }
     softmax.merge_warp();
     const double inverse = softmax.sum > 0 ? 1.0 / softmax.sum : 0.0;
@@ -399,12 +400,15 @@ __global__ void score_softmax_backward_kernel(const float* probs, const uint16_t
     };
     float* d = dscores + row * L;
     double p_dot_dp = 0;
-    for (int64_t j = threadIdx.x % 32; j < L; j += 32)
-      if (p(j) != 0) p_dot_dp += double(p(j)) * d[j];
+    for (int64_t j = threadIdx.x % 32; j < L; j += 32) {
+      const float pj = p(j);
+      if (pj != 0) p_dot_dp += double(pj) * d[j];
+    }
     p_dot_dp = warp_sum(p_dot_dp);
     for (int64_t j = threadIdx.x % 32; j < L; j += 32) {
-      double ds = p(j) != 0 ? double(p(j)) * (double(d[j]) - p_dot_dp) : 0.0;
-      if (p(j) != 0 && s.soft_cap > 0) {
+      const float pj = p(j);
+      double ds = pj != 0 ? double(pj) * (double(d[j]) - p_dot_dp) : 0.0;
+      if (pj != 0 && s.soft_cap > 0) {
         const double c = capped[row * L + j] / s.soft_cap;
         ds *= 1.0 - c * c;
       }
