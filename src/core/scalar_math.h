@@ -1,5 +1,5 @@
 // Scalar arithmetic that must round the same way on every backend: bfloat16 conversion (round to
-// nearest even), RoPE's inverse frequencies and Keras' int8 codes. Plain inline functions for host code; compiled by
+// nearest even), GeGLU's formula, RoPE's inverse frequencies and Keras' int8 codes. Plain inline functions for host code; compiled by
 // nvcc they are also device functions, so the CUDA kernels call these very lines.
 #pragma once
 #include <cmath>
@@ -30,6 +30,17 @@ MESHTUNE_HOST_DEVICE inline uint16_t f32_to_bf16(float f) {
 }
 // f rounded to the nearest bf16 value (as an fp32): what a bf16 matmul input holds.
 MESHTUNE_HOST_DEVICE inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// GeGLU's gelu_tanh(u) = 0.5·u·(1 + tanh a) = u·σ(2a), a = √(2/π)·(u + 0.044715·u³) (Keras'
+// gelu(approximate=True)), in fp32 on every backend, each with its own exp: σ(2a) = 1 / (1 + e^x)
+// with x = gelu_sigmoid_exponent(u), and d/du gelu_tanh(u) = gelu_slope(u, σ(2a)).
+MESHTUNE_HOST_DEVICE inline float gelu_sigmoid_exponent(float u) {
+  return -2.f * (0.7978845608028654f * (u + 0.044715f * u * u * u));
+}
+// s + 2u·s(1 − s)·√(2/π)·(1 + 3·0.044715·u²) with s = σ(2a) (1 + tanh a = 2s, 1 − tanh² a = 4s(1 − s)).
+MESHTUNE_HOST_DEVICE inline float gelu_slope(float u, float s) {
+  return s + 2.f * u * s * (1.f - s) * 0.7978845608028654f * (1.f + 3.f * 0.044715f * u * u);
+}
 
 // RoPE's inverse frequency of pair i of a head of width head_dim: 1 / base^(2i/head_dim), divided
 // by the scaling factor — in fp32, as Keras computes it (the angle is then position · this, in fp32).

@@ -420,13 +420,10 @@ __global__ void score_softmax_backward_kernel(const float* probs, const uint16_t
 
 // ---- activations ----
 
-// GeGLU in fp32 as the CPU computes it (backend/cpu/isa/vector_ops_body.h: gelu_tanh(u) = u·σ(2a),
-// a = √(2/π)·(u + 0.044715·u³)): double tanh made these kernels compute-bound on an H200 (1.1 ms and
-// 1.9 ms for the 8 × 1024 × 24576 values of the 7B shape, about twice the time of their bytes).
-__device__ float gelu_sigmoid(float u) {
-  const float a = 0.7978845608028654f * (u + 0.044715f * u * u * u);
-  return 1.f / (1.f + expf(-2.f * a));
-}
+// GeGLU in fp32 with the CPU's formula (core/scalar_math.h): double tanh made these kernels
+// compute-bound on an H200 (1.1 ms and 1.9 ms for the 8 × 1024 × 24576 values of the 7B shape, about
+// twice the time of their bytes).
+__device__ float gelu_sigmoid(float u) { return 1.f / (1.f + expf(gelu_sigmoid_exponent(u))); }
 
 __global__ void geglu_kernel(float* gate, const float* up, int64_t n) {
   FOR_EACH_INDEX(i, n) {
@@ -434,14 +431,12 @@ __global__ void geglu_kernel(float* gate, const float* up, int64_t n) {
     gate[i] = u * gelu_sigmoid(u) * up[i];
   }
 }
-// d/du gelu_tanh(u) = s + 2u·s(1 − s)·√(2/π)·(1 + 3·0.044715·u²) with s = σ(2a).
 __global__ void geglu_backward_kernel(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                                       float* dup) {
   FOR_EACH_INDEX(i, n) {
     const float u = gate[i], g = dout[i], w = up[i];  // read first: the outputs may alias the inputs
     const float s = gelu_sigmoid(u);
-    const float slope = s + 2.f * u * s * (1.f - s) * 0.7978845608028654f * (1.f + 3.f * 0.044715f * u * u);
-    dgate[i] = g * w * slope;
+    dgate[i] = g * w * gelu_slope(u, s);
     dup[i] = g * (u * s);
   }
 }

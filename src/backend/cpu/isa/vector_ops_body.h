@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cpu/isa/vector_ops.h"
+#include "core/scalar_math.h"
 
 #ifndef MESHTUNE_VECTOR_OPS
 #error "define MESHTUNE_VECTOR_OPS before including vector_ops_body.h"
@@ -67,26 +68,18 @@ inline float exp_approx(float x) {
   return x != x ? x : (x < -87.f ? 0.f : e);  // NaN stays NaN
 }
 
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-
-// σ(2a) with a = √(2/π)·(u + 0.044715·u³): gelu_tanh(u) = 0.5·u·(1 + tanh a) = u·σ(2a).
-inline float gelu_sigmoid(float u) {
-  const float a = kSqrt2OverPi * (u + 0.044715f * u * u * u);
-  return 1.f / (1.f + exp_approx(-2.f * a));
-}
+// σ(2a) of gelu_tanh(u) = u·σ(2a) (core/scalar_math.h, shared with the GPU's kernels).
+inline float gelu_sigmoid(float u) { return 1.f / (1.f + exp_approx(gelu_sigmoid_exponent(u))); }
 
 void geglu(float* gate, const float* up, int64_t n) {
   for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] * gelu_sigmoid(gate[i]) * up[i];
 }
 
-// d/du gelu_tanh(u) = s + 2u·s(1 − s)·√(2/π)·(1 + 3·0.044715·u²) with s = σ(2a)
-// (1 + tanh a = 2s, 1 − tanh² a = 4s(1 − s)).
 void geglu_backward(const float* gate, const float* up, const float* dout, int64_t n, float* dgate, float* dup) {
   for (int64_t i = 0; i < n; ++i) {
     const float u = gate[i], g = dout[i], w = up[i];  // read first: the outputs may alias the inputs
     const float s = gelu_sigmoid(u);
-    const float dgelu = s + 2.f * u * s * (1.f - s) * kSqrt2OverPi * (1.f + 3.f * 0.044715f * u * u);
-    dgate[i] = g * w * dgelu;
+    dgate[i] = g * w * gelu_slope(u, s);
     dup[i] = g * (u * s);
   }
 }
