@@ -344,7 +344,7 @@ int main(int argc, char** argv) {
     j["peak_rss_gib"] = rss;
     if (gpu) {
       j["gpu_memory_gib"] = double(gpu_memory_in_use()) / double(1 << 30);
-      j["attention_routes"] = cuda_attention_routes(*gpu);  // measured at each shape's first call
+      j["cuda_routes"] = cuda_routes(*gpu);  // measured at each shape's first call
       if (o.gpu_profile) j["gpu_profile"] = gpu_profile;
     }
     j["gflop_per_step"] = flops.total() / 1e9;

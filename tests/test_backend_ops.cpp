@@ -72,8 +72,10 @@ std::vector<OpCase> linear_cases() {
   struct Shape {
     int64_t M, rows, cols;
   };
-  // Few rows (the matrix-vector path), more than 4 rows (sgemm / oneDNN), odd widths.
-  for (Shape s : {Shape{1, 7, 33}, Shape{3, 17, 9}, Shape{5, 31, 65}, Shape{19, 13, 40}})
+  // Few rows (the CPU's matrix-vector path for ≤ 4, the GPU's few-row kernel for ≤ 8), more rows
+  // (sgemm / oneDNN, cuBLAS), odd widths and widths of whole 16-byte loads.
+  for (Shape s : {Shape{1, 7, 33}, Shape{3, 17, 9}, Shape{5, 31, 65}, Shape{19, 13, 40}, Shape{8, 9, 64},
+                  Shape{2, 40, 24}})
     for (DType dtype : {DType::F32, DType::BF16, DType::I8})
       for (MatmulPrecision precision : {MatmulPrecision::F32, MatmulPrecision::BF16}) {
         if (dtype == DType::I8 && precision == MatmulPrecision::BF16) continue;  // int8 keeps its own arithmetic
@@ -102,6 +104,28 @@ std::vector<OpCase> linear_cases() {
         c.tolerance = dtype == DType::I8 ? 1e-5 : precision == MatmulPrecision::BF16 ? 1e-4 : 1e-5;
         cases.push_back(std::move(c));
       }
+  // Several weights of one input (q, k and v), of mixed dtypes: each output as linear gives it.
+  for (int64_t M : {1, 3, 12})
+    for (MatmulPrecision precision : {MatmulPrecision::F32, MatmulPrecision::BF16}) {
+      OpCase c;
+      c.name = std::string("linear_shared_input_") + (precision == MatmulPrecision::BF16 ? "bf16inputs_" : "") +
+               std::to_string(M);
+      const int64_t cols = 32, rows[3] = {24, 8, 9};
+      c.make_inputs = [=] {
+        return Inputs{random_vector(size_t(M * cols), 5), random_vector(size_t(rows[0] * cols), 6, 0.3f),
+                      random_vector(size_t(rows[1] * cols), 7, 0.3f), random_vector(size_t(rows[2] * cols), 8, 0.3f)};
+      };
+      c.forward = [=](Backend& b, Inputs& in) {
+        const WeightMatrix W0 = b.upload(matrix(rows[0], cols, in[1], DType::F32)),
+                           W1 = b.upload(matrix(rows[1], cols, in[2], DType::BF16)),
+                           W2 = b.upload(matrix(rows[2], cols, in[3], DType::BF16));
+        FloatBuffer y0 = put(b, zeros(M * rows[0])), y1 = put(b, zeros(M * rows[1])), y2 = put(b, zeros(M * rows[2]));
+        b.linear(put(b, in[0]), M, {{&W0, y0}, {&W1, y1}, {&W2, y2}}, precision);
+        return Inputs{get(b, y0), get(b, y1), get(b, y2)};
+      };
+      c.tolerance = precision == MatmulPrecision::BF16 ? 1e-4 : 1e-5;
+      cases.push_back(std::move(c));
+    }
   // int8 with the rows' maxima given (a split input's combined maxima): larger than the slice's own.
   OpCase c;
   c.name = "linear_int8_given_row_max";
@@ -174,31 +198,36 @@ std::vector<OpCase> norm_cases() {
   std::vector<OpCase> cases;
   // Small rows, and enough rows × width to take the threaded path.
   // The model runs backward in place (dx = dy): the last shape again that way, where a backend that
-  // wrote dx before every row's ∂scale was summed would be wrong.
+  // wrote dx before every row's ∂scale was summed would be wrong; and adding into a residual's dx.
+  enum class Dx { Apart, InPlace, Added };
   struct NormShape {
     int64_t rows, dim;
-    bool in_place;
+    Dx dx;
   };
-  for (const NormShape& shape : {NormShape{3, 7, false}, {2, 33, false}, {300, 256, false}, {300, 256, true}}) {
+  for (const NormShape& shape : {NormShape{3, 7, Dx::Apart}, {2, 33, Dx::Apart}, {300, 256, Dx::Apart},
+                                 {300, 256, Dx::InPlace}, {3, 7, Dx::Added}, {300, 256, Dx::Added}}) {
     const int64_t rows = shape.rows, dim = shape.dim;  // named variables: lambdas capture them
-    const bool in_place = shape.in_place;
+    const bool in_place = shape.dx == Dx::InPlace, added = shape.dx == Dx::Added;
     OpCase c;
-    c.name = std::string(in_place ? "rmsnorm_in_place_" : "rmsnorm_") + std::to_string(rows) + "x" + std::to_string(dim);
+    c.name = std::string(in_place ? "rmsnorm_in_place_" : added ? "rmsnorm_added_" : "rmsnorm_") + std::to_string(rows) +
+             "x" + std::to_string(dim);
     c.make_inputs = [rows, dim] { return Inputs{random_vector(size_t(rows * dim), 9), random_vector(size_t(dim), 10, 0.5f)}; };
     c.forward = [rows, dim](Backend& b, Inputs& in) {
       FloatBuffer y = put(b, zeros(rows * dim));
       b.rmsnorm(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, y);
       return Inputs{get(b, y)};
     };
-    c.backward = [rows, dim, in_place](Backend& b, Inputs& in, const Values& dy) {
-      FloatBuffer dx = put(b, in_place ? dy : zeros(rows * dim)), dscale = put(b, zeros(dim));
+    c.backward = [rows, dim, in_place, added](Backend& b, Inputs& in, const Values& dy) {
+      FloatBuffer dx = put(b, in_place ? dy : added ? random_vector(size_t(rows * dim), 12) : zeros(rows * dim)),
+                  dscale = put(b, zeros(dim));
       if (in_place)
         b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, dx, dx, dscale);
       else
-        b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, put(b, dy), dx, dscale);
+        b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, put(b, dy), dx, dscale, added);
       return Inputs{get(b, dx), get(b, dscale)};
     };
-    if (rows * dim < 1000) c.differentiable = {0, 1};  // finite differences on the small ones
+    // Finite differences on the small ones (not where dx starts from other values).
+    if (rows * dim < 1000 && !added) c.differentiable = {0, 1};
     // ∂scale sums 300 rows in fp32, in one part per thread: the error depends on the thread count
     // (1.06e-5 on the GPU machine's 16 cores, generic path).
     c.tolerance = rows * dim < 1000 ? 1e-5 : 2e-5;
@@ -207,25 +236,36 @@ std::vector<OpCase> norm_cases() {
   return cases;
 }
 
-OpCase rope_case(int64_t tokens, int64_t heads, int64_t head_dim, float base, float scaling) {
+// Queries of `heads` heads and keys of `kv_heads`, as one input and one output: [q | k].
+OpCase rope_case(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim, float base, float scaling,
+                 float q_scale) {
   OpCase c;
-  c.name = "rope_" + std::to_string(tokens) + "x" + std::to_string(heads) + "x" + std::to_string(head_dim) +
-           (scaling != 1.f ? "_scaled" : "");
-  c.make_inputs = [=] { return Inputs{random_vector(size_t(tokens * heads * head_dim), 11)}; };
+  c.name = "rope_" + std::to_string(tokens) + "x" + std::to_string(heads) + "q" + std::to_string(kv_heads) + "kx" +
+           std::to_string(head_dim) + (scaling != 1.f ? "_scaled" : "");
+  const int64_t nq = tokens * heads * head_dim, nk = tokens * kv_heads * head_dim;
+  c.make_inputs = [=] { return Inputs{random_vector(size_t(nq + nk), 11)}; };
   auto positions = [tokens] {
     std::vector<int64_t> p(static_cast<size_t>(tokens));
     for (int64_t t = 0; t < tokens; ++t) p[size_t(t)] = 3 * t + 1;
     return p;
   };
+  auto split = [=](Backend& b, const Values& x) {  // [q | k] as two arrays
+    return std::pair{put(b, Values(x.begin(), x.begin() + nq)), put(b, Values(x.begin() + nq, x.end()))};
+  };
+  auto join = [](Backend& b, const FloatBuffer& q, const FloatBuffer& k) {
+    Values out = get(b, q), tail = get(b, k);
+    out.insert(out.end(), tail.begin(), tail.end());
+    return out;
+  };
   c.forward = [=](Backend& b, Inputs& in) {
-    FloatBuffer x = put(b, in[0]);
-    b.rope(x, tokens, heads, head_dim, put(b, positions()), base, scaling);
-    return Inputs{get(b, x)};
+    auto [q, k] = split(b, in[0]);
+    b.rope(q, heads, k, kv_heads, tokens, head_dim, put(b, positions()), base, scaling, q_scale);
+    return Inputs{join(b, q, k)};
   };
   c.backward = [=](Backend& b, Inputs&, const Values& dy) {
-    FloatBuffer dx = put(b, dy);
-    b.rope_backward(dx, tokens, heads, head_dim, put(b, positions()), base, scaling);
-    return Inputs{get(b, dx)};
+    auto [dq, dk] = split(b, dy);
+    b.rope_backward(dq, heads, dk, kv_heads, tokens, head_dim, put(b, positions()), base, scaling, q_scale);
+    return Inputs{join(b, dq, dk)};
   };
   c.differentiable = {0};
   c.tolerance = 2e-5;  // cos/sin of fp32 angles against double ones
@@ -463,11 +503,14 @@ std::vector<OpCase> data_movement_cases() {
   }
   OpCase cache;
   cache.name = "write_cache_rows";
-  cache.make_inputs = [] { return Inputs{random_vector(2 * 3 * 5, 20), random_vector(2 * 7 * 5, 21)}; };
+  cache.make_inputs = [] {
+    return Inputs{random_vector(2 * 3 * 5, 20), random_vector(2 * 3 * 5, 24), random_vector(2 * 7 * 5, 21),
+                  random_vector(2 * 7 * 5, 25)};
+  };
   cache.forward = [](Backend& b, Inputs& in) {
-    FloatBuffer c = put(b, in[1]);
-    b.write_cache_rows(put(b, in[0]), 2, 3, 5, 7, 4, c);
-    return Inputs{get(b, c)};
+    FloatBuffer keys = put(b, in[2]), values = put(b, in[3]);
+    b.write_cache_rows(put(b, in[0]), put(b, in[1]), 2, 3, 5, 7, 4, keys, values);
+    return Inputs{get(b, keys), get(b, values)};
   };
   cases.push_back(std::move(cache));
 
@@ -611,7 +654,7 @@ const std::vector<OpCase>& registry() {
                        LowRankViews{.M = 70, .in = 40, .groups = 4, .per_group = 24, .rank = 4, .keras_layout = true},
                        true)});
     add(norm_cases());
-    add({rope_case(5, 3, 8, 10000.f, 1.f), rope_case(4, 2, 6, 1e6f, 8.f)});
+    add({rope_case(5, 3, 1, 8, 10000.f, 1.f, 0.35f), rope_case(4, 2, 2, 6, 1e6f, 8.f, 0.125f)});
     add(attention_cases());
     add(attention_bf16_cases());
     add(activation_cases());
@@ -822,6 +865,12 @@ TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
   W.device = Device::Cuda;
   EXPECT_THROW(cpu.linear(x, 2, W, y, MatmulPrecision::F32), Error);
   EXPECT_THROW(cpu.gather_rows(x, std::vector<int64_t>{0, 3}, 4, y), Error);  // row 3 is outside 12 values
+  // Adding into dx while reading dy from the same memory would add a half-overwritten gradient.
+  EXPECT_THROW(cpu.rmsnorm_backward(x, scale, 3, 4, 1e-6f, y, y, {}, /*accumulate=*/true), Error);
+  // Several weights of one input must all be as wide as it.
+  const WeightMatrix narrow = WeightMatrix::from_f32(2, 6, Values(12, 1.f)), wide = WeightMatrix::from_f32(1, 12, x);
+  Values y2(2);
+  EXPECT_THROW(cpu.linear(x, 2, {{&narrow, y}, {&wide, y2}}, MatmulPrecision::F32), Error);
 }
 
 TEST(BackendChecks, BuffersCountTheirAllocations) {

@@ -133,6 +133,25 @@ void Backend::linear(ConstFloats x, int64_t M, const WeightMatrix& W, Floats y, 
   linear_impl(x.data, M, W, y.data, precision, optional(*this, x_row_max, M, "linear", "x_row_max"));
 }
 
+void Backend::linear(ConstFloats x, int64_t M, const std::vector<LinearOutput>& outputs, MatmulPrecision precision) {
+  if (outputs.empty()) return;
+  const int64_t cols = outputs[0].W ? outputs[0].W->cols : 0;
+  for (const LinearOutput& out : outputs) {
+    if (out.W == nullptr) fail(name(), " backend: linear's weight matrix is missing");
+    need_matrix(*this, *out.W, "linear");
+    if (out.W->cols != cols) fail(name(), " backend: linear of one input over matrices of ", cols, " and ",
+                                  out.W->cols, " columns");
+    need(*this, out.y, M * out.W->rows, "linear", "y");
+  }
+  need(*this, x, M * cols, "linear", "x");
+  linear_shared_input_impl(x.data, M, outputs, precision);
+}
+
+void Backend::linear_shared_input_impl(const float* x, int64_t M, const std::vector<LinearOutput>& outputs,
+                                       MatmulPrecision precision) {
+  for (const LinearOutput& out : outputs) linear_impl(x, M, *out.W, out.y.data, precision, nullptr);
+}
+
 void Backend::linear_backward_input(ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
                                     MatmulPrecision precision) {
   need_matrix(*this, W, "linear_backward_input");
@@ -180,27 +199,31 @@ void Backend::rmsnorm(ConstFloats x, ConstFloats scale, int64_t rows, int64_t di
 }
 
 void Backend::rmsnorm_backward(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, ConstFloats dy,
-                               Floats dx, Floats dscale) {
+                               Floats dx, Floats dscale, bool accumulate) {
   need(*this, x, rows * dim, "rmsnorm_backward", "x");
   need(*this, scale, dim, "rmsnorm_backward", "scale");
   need(*this, dy, rows * dim, "rmsnorm_backward", "dy");
   need(*this, dx, rows * dim, "rmsnorm_backward", "dx");
+  if (accumulate && rows * dim > 0 && dx.data == dy.data)
+    fail(name(), " backend: rmsnorm_backward adding into dx needs dx apart from dy");
   rmsnorm_backward_impl(x.data, scale.data, rows, dim, eps, dy.data, dx.data,
-                        optional(*this, dscale, dim, "rmsnorm_backward", "dscale"));
+                        optional(*this, dscale, dim, "rmsnorm_backward", "dscale"), accumulate);
 }
 
-void Backend::rope(Floats x, int64_t tokens, int64_t heads, int64_t head_dim, Span<const int64_t> positions,
-                   float base, float scaling) {
-  need(*this, x, tokens * heads * head_dim, "rope", "x");
+void Backend::rope(Floats q, int64_t q_heads, Floats k, int64_t k_heads, int64_t tokens, int64_t head_dim,
+                   Span<const int64_t> positions, float base, float scaling, float q_scale) {
+  need(*this, q, tokens * q_heads * head_dim, "rope", "q");
+  need(*this, k, tokens * k_heads * head_dim, "rope", "k");
   need(*this, positions, tokens, "rope", "positions");
-  rope_impl(x.data, tokens, heads, head_dim, positions.data, base, scaling);
+  rope_impl(q.data, q_heads, k.data, k_heads, tokens, head_dim, positions.data, base, scaling, q_scale);
 }
 
-void Backend::rope_backward(Floats dx, int64_t tokens, int64_t heads, int64_t head_dim,
-                            Span<const int64_t> positions, float base, float scaling) {
-  need(*this, dx, tokens * heads * head_dim, "rope_backward", "dx");
+void Backend::rope_backward(Floats dq, int64_t q_heads, Floats dk, int64_t k_heads, int64_t tokens, int64_t head_dim,
+                            Span<const int64_t> positions, float base, float scaling, float q_scale) {
+  need(*this, dq, tokens * q_heads * head_dim, "rope_backward", "dq");
+  need(*this, dk, tokens * k_heads * head_dim, "rope_backward", "dk");
   need(*this, positions, tokens, "rope_backward", "positions");
-  rope_backward_impl(dx.data, tokens, heads, head_dim, positions.data, base, scaling);
+  rope_backward_impl(dq.data, q_heads, dk.data, k_heads, tokens, head_dim, positions.data, base, scaling, q_scale);
 }
 
 void Backend::attention(ConstFloats q, ConstFloats k, ConstFloats v, Span<const uint8_t> key_valid,
@@ -327,13 +350,15 @@ void Backend::embedding_lookup_backward(ConstFloats dy, Span<const int32_t> ids,
   embedding_lookup_backward_impl(dy.data, ids.data, M, dim, first_row, rows, factor, grad.data);
 }
 
-void Backend::write_cache_rows(ConstFloats values, int64_t B, int64_t T, int64_t width, int64_t capacity,
-                               int64_t start, Floats cache) {
+void Backend::write_cache_rows(ConstFloats keys, ConstFloats values, int64_t B, int64_t T, int64_t width,
+                               int64_t capacity, int64_t start, Floats key_cache, Floats value_cache) {
   if (start < 0 || start + T > capacity) fail(name(), " backend: write_cache_rows at ", start, "…", start + T,
         " past the cache's ", capacity, " positions");
+  need(*this, keys, B * T * width, "write_cache_rows", "keys");
   need(*this, values, B * T * width, "write_cache_rows", "values");
-  need(*this, cache, B * capacity * width, "write_cache_rows", "cache");
-  write_cache_rows_impl(values.data, B, T, width, capacity, start, cache.data);
+  need(*this, key_cache, B * capacity * width, "write_cache_rows", "key_cache");
+  need(*this, value_cache, B * capacity * width, "write_cache_rows", "value_cache");
+  write_cache_rows_impl(keys.data, values.data, B, T, width, capacity, start, key_cache.data, value_cache.data);
 }
 
 void Backend::gather_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst) {

@@ -24,6 +24,12 @@ namespace meshtune {
 using Floats = Span<float>;
 using ConstFloats = Span<const float>;
 
+// One product of several that share their input (Backend::linear over a list): y = x·Wᵀ.
+struct LinearOutput {
+  const WeightMatrix* W = nullptr;
+  Floats y;
+};
+
 // One variable of an optimizer step over many: its value, gradient and AdamW slots (n values each),
 // and whether weight decay applies to it.
 struct AdamWVariable {
@@ -73,6 +79,10 @@ class Backend : public Allocator {
   // rows' largest |x| may be given (x_row_max: combined over a split input, see model/gemma.cpp).
   void linear(ConstFloats x, int64_t M, const WeightMatrix& W, Floats y, MatmulPrecision precision,
               ConstFloats x_row_max = {});
+  // y_i = x·W_iᵀ for several weights of one input x (attention's q, k and v; the FFN's gate and up),
+  // every W_i as wide as x: a GPU reads (and rounds) x once and runs the products of a few rows in
+  // one launch.
+  void linear(ConstFloats x, int64_t M, const std::vector<LinearOutput>& outputs, MatmulPrecision precision);
   // dx (+)= dy·W, and dW += dyᵀ·x ([rows, cols]).
   void linear_backward_input(ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
                              MatmulPrecision precision);
@@ -87,13 +97,16 @@ class Backend : public Allocator {
   // Gemma RMSNorm per row: y = x·rsqrt(mean(x²) + eps)·(1 + scale); y may be x. Backward writes dx
   // (may be dy) and adds ∂L/∂scale into dscale unless it is empty.
   void rmsnorm(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, Floats y);
+  // With `accumulate` it adds into dx instead (dx is then not dy): a residual's gradient in one call.
   void rmsnorm_backward(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, ConstFloats dy,
-                        Floats dx, Floats dscale);
-  // RoPE in place on [tokens, heads, head_dim], token t at positions[t]; backward rotates back.
-  void rope(Floats x, int64_t tokens, int64_t heads, int64_t head_dim, Span<const int64_t> positions, float base,
-            float scaling);
-  void rope_backward(Floats dx, int64_t tokens, int64_t heads, int64_t head_dim, Span<const int64_t> positions,
-                     float base, float scaling);
+                        Floats dx, Floats dscale, bool accumulate = false);
+  // RoPE in place on the queries q [tokens, q_heads, head_dim] and the keys k [tokens, k_heads,
+  // head_dim], token t at positions[t]; then q ·= q_scale (the query scaling). Backward: dq ·= q_scale,
+  // then dq and dk rotated back. One call for both (on a GPU one launch, not three).
+  void rope(Floats q, int64_t q_heads, Floats k, int64_t k_heads, int64_t tokens, int64_t head_dim,
+            Span<const int64_t> positions, float base, float scaling, float q_scale);
+  void rope_backward(Floats dq, int64_t q_heads, Floats dk, int64_t k_heads, int64_t tokens, int64_t head_dim,
+                     Span<const int64_t> positions, float base, float scaling, float q_scale);
   // Attention of q [B·T, N·H] over a cache k, v [B, S, K·H] (key_valid [B, S]) → out [B·T, N·H].
   void attention(ConstFloats q, ConstFloats k, ConstFloats v, Span<const uint8_t> key_valid, const AttentionShape& s,
                  Floats out);
@@ -125,9 +138,10 @@ class Backend : public Allocator {
   void embedding_lookup(const WeightMatrix& table, int64_t first_row, Span<const int32_t> ids, int64_t M, Floats out);
   void embedding_lookup_backward(ConstFloats dy, Span<const int32_t> ids, int64_t M, int64_t dim, int64_t first_row,
                                  int64_t rows, float factor, Floats grad);
-  // [B, T, width] values into a [B, capacity, width] cache at positions start … start+T−1.
-  void write_cache_rows(ConstFloats values, int64_t B, int64_t T, int64_t width, int64_t capacity, int64_t start,
-                        Floats cache);
+  // A step's keys and values, [B, T, width] each, into their [B, capacity, width] caches at positions
+  // start … start+T−1.
+  void write_cache_rows(ConstFloats keys, ConstFloats values, int64_t B, int64_t T, int64_t width, int64_t capacity,
+                        int64_t start, Floats key_cache, Floats value_cache);
   // dst[i] = src row rows[i], and dst row rows[i] = src[i] (rows of dim floats; rows on the host).
   void gather_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst);
   void scatter_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst);
@@ -166,6 +180,9 @@ class Backend : public Allocator {
 
   virtual void linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
                            const float* x_row_max) = 0;
+  // By default each product on its own (linear_impl).
+  virtual void linear_shared_input_impl(const float* x, int64_t M, const std::vector<LinearOutput>& outputs,
+                                        MatmulPrecision precision);
   virtual void linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,
                                           bool accumulate, MatmulPrecision precision) = 0;
   virtual void linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
@@ -176,11 +193,12 @@ class Backend : public Allocator {
   virtual void row_abs_max_impl(const float* x, int64_t rows, int64_t cols, float* out) = 0;
   virtual void rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) = 0;
   virtual void rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
-                                     const float* dy, float* dx, float* dscale) = 0;
-  virtual void rope_impl(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
-                         float base, float scaling) = 0;
-  virtual void rope_backward_impl(float* dx, int64_t tokens, int64_t heads, int64_t head_dim,
-                                  const int64_t* positions, float base, float scaling) = 0;
+                                     const float* dy, float* dx, float* dscale, bool accumulate) = 0;
+  virtual void rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
+                         const int64_t* positions, float base, float scaling, float q_scale) = 0;
+  virtual void rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens,
+                                  int64_t head_dim, const int64_t* positions, float base, float scaling,
+                                  float q_scale) = 0;
   virtual void attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                               const AttentionShape& s, float* out) = 0;
   virtual void attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
@@ -206,8 +224,8 @@ class Backend : public Allocator {
                                      float* out) = 0;
   virtual void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
                                               int64_t first_row, int64_t rows, float factor, float* grad) = 0;
-  virtual void write_cache_rows_impl(const float* values, int64_t B, int64_t T, int64_t width, int64_t capacity,
-                                     int64_t start, float* cache) = 0;
+  virtual void write_cache_rows_impl(const float* keys, const float* values, int64_t B, int64_t T, int64_t width,
+                                     int64_t capacity, int64_t start, float* key_cache, float* value_cache) = 0;
   virtual void gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) = 0;
   virtual void scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) = 0;
   virtual void interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part,

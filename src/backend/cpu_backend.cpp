@@ -141,16 +141,21 @@ void CpuBackend::rmsnorm_impl(const float* x, const float* scale, int64_t rows, 
   meshtune::rmsnorm(path_, x, scale, rows, dim, eps, y);
 }
 void CpuBackend::rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
-                                       const float* dy, float* dx, float* dscale) {
-  meshtune::rmsnorm_backward(path_, x, scale, rows, dim, eps, dy, dx, dscale);
+                                       const float* dy, float* dx, float* dscale, bool accumulate) {
+  meshtune::rmsnorm_backward(path_, x, scale, rows, dim, eps, dy, dx, dscale, accumulate);
 }
-void CpuBackend::rope_impl(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
-                           float base, float scaling) {
-  meshtune::rope(path_, x, tokens, heads, head_dim, positions, base, scaling);
+void CpuBackend::rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
+                           const int64_t* positions, float base, float scaling, float q_scale) {
+  meshtune::rope(path_, q, tokens, q_heads, head_dim, positions, base, scaling);
+  meshtune::rope(path_, k, tokens, k_heads, head_dim, positions, base, scaling);
+  scale_impl(q, tokens * q_heads * head_dim, q_scale);
 }
-void CpuBackend::rope_backward_impl(float* dx, int64_t tokens, int64_t heads, int64_t head_dim,
-                                    const int64_t* positions, float base, float scaling) {
-  meshtune::rope_backward(path_, dx, tokens, heads, head_dim, positions, base, scaling);
+void CpuBackend::rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens,
+                                    int64_t head_dim, const int64_t* positions, float base, float scaling,
+                                    float q_scale) {
+  scale_impl(dq, tokens * q_heads * head_dim, q_scale);
+  meshtune::rope_backward(path_, dq, tokens, q_heads, head_dim, positions, base, scaling);
+  meshtune::rope_backward(path_, dk, tokens, k_heads, head_dim, positions, base, scaling);
 }
 void CpuBackend::attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                                 const AttentionShape& s, float* out) {
@@ -199,9 +204,10 @@ void CpuBackend::embedding_lookup_backward_impl(const float* dy, const int32_t* 
                                                 int64_t first_row, int64_t rows, float factor, float* grad) {
   meshtune::embedding_lookup_backward(dy, ids, M, dim, first_row, rows, factor, grad);
 }
-void CpuBackend::write_cache_rows_impl(const float* values, int64_t B, int64_t T, int64_t width, int64_t capacity,
-                                       int64_t start, float* cache) {
-  meshtune::write_cache_rows(values, B, T, width, capacity, start, cache);
+void CpuBackend::write_cache_rows_impl(const float* keys, const float* values, int64_t B, int64_t T, int64_t width,
+                                       int64_t capacity, int64_t start, float* key_cache, float* value_cache) {
+  meshtune::write_cache_rows(keys, B, T, width, capacity, start, key_cache);
+  meshtune::write_cache_rows(values, B, T, width, capacity, start, value_cache);
 }
 void CpuBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
   meshtune::gather_rows(src, rows, n, dim, dst);

@@ -63,9 +63,9 @@ void* cuda_stream_of(Backend& backend) {
   return cuda->stream();
 }
 
-std::vector<std::string> cuda_attention_routes(Backend& backend) {
+std::vector<std::string> cuda_routes(Backend& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-  return cuda ? cuda->attention_routes() : std::vector<std::string>{};
+  return cuda ? cuda->routes() : std::vector<std::string>{};
 }
 
 #else
@@ -85,7 +85,7 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
 
 void* cuda_stream_of(Backend& backend) { fail("cuda_stream_of: ", backend.name(), " is not a CUDA backend"); }
 
-std::vector<std::string> cuda_attention_routes(Backend&) { return {}; }
+std::vector<std::string> cuda_routes(Backend&) { return {}; }
 
 #endif
 

@@ -40,8 +40,8 @@ std::unique_ptr<Backend> make_cuda_backend(int gpu = -1);
 // a mesh of GPUs to queue its collectives in order with them. An Error for any other backend.
 void* cuda_stream_of(Backend& backend);
 
-// The attention route a CUDA backend measured and chose for each shape it has run
-// (CudaBackend::attention_routes); empty for any other backend.
-std::vector<std::string> cuda_attention_routes(Backend& backend);
+// The route a CUDA backend measured and chose for each op and shape with two that it has run
+// (attention, linear of few rows: CudaBackend::routes); empty for any other backend.
+std::vector<std::string> cuda_routes(Backend& backend);
 
 }  // namespace meshtune

@@ -152,7 +152,7 @@ void ReferenceBackend::rmsnorm_impl(const float* x, const float* scale, int64_t 
 }
 
 void ReferenceBackend::rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
-                                             const float* dy, float* dx, float* dscale) {
+                                             const float* dy, float* dx, float* dscale, bool accumulate) {
   // n = x·inv, y = n·(1 + s): ∂s += Σ dy·n; dn = dy·(1 + s); dx = inv·(dn − n·mean(dn·n)).
   std::vector<double> dn(static_cast<size_t>(dim));
   for (int64_t r = 0; r < rows; ++r) {
@@ -165,8 +165,10 @@ void ReferenceBackend::rmsnorm_backward_impl(const float* x, const float* scale,
       dot += dn[size_t(i)] * n;
       if (dscale) dscale[i] += float(double(dy[r * dim + i]) * n);
     }
-    for (int64_t i = 0; i < dim; ++i)
-      dx[r * dim + i] = float(inv * (dn[size_t(i)] - double(xr[i]) * inv * dot / double(dim)));
+    for (int64_t i = 0; i < dim; ++i) {
+      const float value = float(inv * (dn[size_t(i)] - double(xr[i]) * inv * dot / double(dim)));
+      dx[r * dim + i] = accumulate ? dx[r * dim + i] + value : value;
+    }
   }
 }
 
@@ -187,14 +189,19 @@ static void rotate_halves(float* x, int64_t tokens, int64_t heads, int64_t head_
     }
 }
 
-void ReferenceBackend::rope_impl(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
-                                 float base, float scaling) {
-  rotate_halves(x, tokens, heads, head_dim, positions, base, scaling, 1.0);
+void ReferenceBackend::rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens,
+                                 int64_t head_dim, const int64_t* positions, float base, float scaling, float q_scale) {
+  rotate_halves(q, tokens, q_heads, head_dim, positions, base, scaling, 1.0);
+  rotate_halves(k, tokens, k_heads, head_dim, positions, base, scaling, 1.0);
+  scale_impl(q, tokens * q_heads * head_dim, q_scale);
 }
 
-void ReferenceBackend::rope_backward_impl(float* dx, int64_t tokens, int64_t heads, int64_t head_dim,
-                                          const int64_t* positions, float base, float scaling) {
-  rotate_halves(dx, tokens, heads, head_dim, positions, base, scaling, -1.0);
+void ReferenceBackend::rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens,
+                                          int64_t head_dim, const int64_t* positions, float base, float scaling,
+                                          float q_scale) {
+  scale_impl(dq, tokens * q_heads * head_dim, q_scale);
+  rotate_halves(dq, tokens, q_heads, head_dim, positions, base, scaling, -1.0);
+  rotate_halves(dk, tokens, k_heads, head_dim, positions, base, scaling, -1.0);
 }
 
 namespace {
@@ -389,12 +396,15 @@ void ReferenceBackend::embedding_lookup_backward_impl(const float* dy, const int
   }
 }
 
-void ReferenceBackend::write_cache_rows_impl(const float* values, int64_t B, int64_t T, int64_t width,
-                                             int64_t capacity, int64_t start, float* cache) {
+void ReferenceBackend::write_cache_rows_impl(const float* keys, const float* values, int64_t B, int64_t T,
+                                             int64_t width, int64_t capacity, int64_t start, float* key_cache,
+                                             float* value_cache) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t w = 0; w < width; ++w)
-        cache[(b * capacity + start + t) * width + w] = values[(b * T + t) * width + w];
+      for (int64_t w = 0; w < width; ++w) {
+        key_cache[(b * capacity + start + t) * width + w] = keys[(b * T + t) * width + w];
+        value_cache[(b * capacity + start + t) * width + w] = values[(b * T + t) * width + w];
+      }
 }
 
 void ReferenceBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {

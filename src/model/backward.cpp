@@ -42,11 +42,18 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
     return v;
   };
 
+  // ∂L/∂branch of a branch joining the residual stream: dx itself, or dx through the post-norm (into
+  // d_branch: dx stays ∂L/∂(the residual) for the join's other side).
+  const auto branch_gradient = [&](bool post_norm, const FloatBuffer& branch, const WeightVector& scale,
+                                   float* scale_gradient) -> ConstFloats {
+    if (!post_norm) return dx;
+    FloatBuffer& d_branch = sized(ws.d_branch, M * D);
+    b.rmsnorm_backward(branch, scale, M, D, eps, dx, d_branch, gradient(b, scale_gradient, D));
+    return d_branch;
+  };
+
   // --- feed-forward branch: out = mid + post_ffw_norm(ffw_linear(gelu(gate)·up)) ---
-  FloatBuffer& d_branch = sized(ws.d_branch, M * D);
-  b.copy(dx, M * D, d_branch);
-  if (c.use_post_ffw_norm)
-    b.rmsnorm_backward(a.ffw_projected, w.post_ffw_norm, M, D, eps, d_branch, d_branch, gradient(b, g.post_ffw_norm, D));
+  ConstFloats d_branch = branch_gradient(c.use_post_ffw_norm, a.ffw_projected, w.post_ffw_norm, g.post_ffw_norm);
   FloatBuffer &d_activated = sized(ws.d_activated, M * F), &d_gate = sized(ws.d_gate, M * F),
               &d_up = sized(ws.d_up, M * F);
   // ffw_linear's input gelu(gate)·up was not kept (F wide); it is recomputed when there is a
@@ -67,23 +74,20 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
   project_backward(ctx, model, layer, Slot::FfwGating2, a.ffw_normed, d_up, M, w.ffw_gating_2, d_normed,
                    /*accumulate=*/true, g.ffw_gating_2);
   ctx.tensor_parallel.sum_partials(d_normed);  // Σ over width
-  b.rmsnorm_backward(a.mid, w.pre_ffw_norm, M, D, eps, d_normed, d_normed, gradient(b, g.pre_ffw_norm, D));
-  b.add_into(dx, d_normed, M * D);  // now ∂L/∂mid
+  // dx += the normed input's gradient through the pre-norm: now ∂L/∂mid.
+  b.rmsnorm_backward(a.mid, w.pre_ffw_norm, M, D, eps, d_normed, dx, gradient(b, g.pre_ffw_norm, D),
+                     /*accumulate=*/true);
 
   // --- attention branch: mid = input + post_attention_norm(attention_output(attention(q, k, v))) ---
-  b.copy(dx, M * D, d_branch);
-  if (c.use_post_attention_norm)
-    b.rmsnorm_backward(a.attn_projected, w.post_attention_norm, M, D, eps, d_branch, d_branch,
-                       gradient(b, g.post_attention_norm, D));
+  d_branch = branch_gradient(c.use_post_attention_norm, a.attn_projected, w.post_attention_norm,
+                             g.post_attention_norm);
   FloatBuffer& d_attended = sized(ws.d_attended, M * N * H);
   project_backward(ctx, model, layer, Slot::AttentionOutput, a.attended, d_branch, M, w.attention_output,
                    d_attended, false, g.attention_output);
   FloatBuffer &dq = sized(ws.dq, M * N * H), &dk = sized(ws.dk, M * K * H), &dv = sized(ws.dv, M * K * H);
   b.attention_backward(a.q, a.k, a.v, key_valid, attention_shape(c, layer, B, T, 0, T, ctx.precision), d_attended, dq, dk, dv);
-  b.scale(dq, M * N * H, c.query_scale());
   const Span<const int64_t> positions = ws.forward.positions;  // the forward pass' (start 0)
-  b.rope_backward(dq, M, N, H, positions, c.rope_base(layer), c.rope_scaling(layer));
-  b.rope_backward(dk, M, K, H, positions, c.rope_base(layer), c.rope_scaling(layer));
+  b.rope_backward(dq, N, dk, K, M, H, positions, c.rope_base(layer), c.rope_scaling(layer), c.query_scale());
   if (c.use_query_key_norm) {
     b.rmsnorm_backward(a.q_raw, w.query_norm, M * N, H, eps, dq, dq, gradient(b, g.query_norm, H));
     b.rmsnorm_backward(a.k_raw, w.key_norm, M * K, H, eps, dk, dk, gradient(b, g.key_norm, H));
@@ -93,8 +97,9 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
   project_backward(ctx, model, layer, Slot::Key, a.attn_normed, dk, M, w.key, d_normed, true, g.key);
   project_backward(ctx, model, layer, Slot::Value, a.attn_normed, dv, M, w.value, d_normed, true, g.value);
   ctx.tensor_parallel.sum_partials(d_normed);  // Σ over heads
-  b.rmsnorm_backward(a.input, w.pre_attention_norm, M, D, eps, d_normed, d_normed, gradient(b, g.pre_attention_norm, D));
-  b.add_into(dx, d_normed, M * D);  // now ∂L/∂input
+  // dx += the normed input's gradient through the pre-norm: now ∂L/∂input.
+  b.rmsnorm_backward(a.input, w.pre_attention_norm, M, D, eps, d_normed, dx, gradient(b, g.pre_attention_norm, D),
+                     /*accumulate=*/true);
 }
 
 float*& ModelGradients::of(Slot slot, int layer) {

@@ -80,23 +80,29 @@ static bool input_is_split(const Context& ctx, Slot slot) {
   return ctx.tensor_parallel.active() && (slot == Slot::AttentionOutput || slot == Slot::FfwLinear);
 }
 
-void project(const Context& ctx, const GemmaModel& model, int layer, Slot slot, ConstFloats x, int64_t M,
-             const WeightMatrix& W, Floats y) {
+void project(const Context& ctx, const GemmaModel& model, int layer, ConstFloats x, int64_t M,
+             std::initializer_list<Projection> projections) {
   Backend& b = ctx.backend;
-  if (W.dtype == DType::I8 && input_is_split(ctx, slot)) {
-    FloatBuffer token_max;
-    b.resize(token_max, size_t(M));
-    b.row_abs_max(x, M, W.cols, token_max);
-    ctx.tensor_parallel.max_over_slices(token_max);
-    b.linear(x, M, W, y, ctx.precision, token_max);
-  } else {
-    b.linear(x, M, W, y, ctx.precision);
+  std::vector<LinearOutput> shared;
+  for (const Projection& p : projections) {
+    if (p.W.dtype == DType::I8 && input_is_split(ctx, p.slot)) {
+      FloatBuffer token_max;
+      b.resize(token_max, size_t(M));
+      b.row_abs_max(x, M, p.W.cols, token_max);
+      ctx.tensor_parallel.max_over_slices(token_max);
+      b.linear(x, M, p.W, p.y, ctx.precision, token_max);
+    } else {
+      shared.push_back({&p.W, p.y});
+    }
   }
-  const LowRankTerm& lora = model.low_rank_term(layer, slot);
-  if (!lora.active()) return;
-  check(lora.in == W.cols && lora.out() == W.rows, "LoRA term of decoder_block_", layer, "/", int(slot), " is ",
-        lora.out(), "×", lora.in, " but its matrix is ", W.rows, "×", W.cols);
-  b.low_rank(x, M, lora, y);
+  b.linear(x, M, shared, ctx.precision);
+  for (const Projection& p : projections) {
+    const LowRankTerm& lora = model.low_rank_term(layer, p.slot);
+    if (!lora.active()) continue;
+    check(lora.in == p.W.cols && lora.out() == p.W.rows, "LoRA term of decoder_block_", layer, "/", int(p.slot),
+          " is ", lora.out(), "×", lora.in, " but its matrix is ", p.W.rows, "×", p.W.cols);
+    b.low_rank(x, M, lora, p.y);
+  }
 }
 
 WeightMatrix* GemmaModel::matrix(Slot slot, int layer) {
@@ -181,28 +187,24 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
   buffer(a.k, M * K * H);
   buffer(a.v, M * K * H);
   b.rmsnorm(x, w.pre_attention_norm, M, D, eps, a.attn_normed);
-  project(ctx, model, layer, Slot::Query, a.attn_normed, M, w.query, a.q);
-  project(ctx, model, layer, Slot::Key, a.attn_normed, M, w.key, a.k);
-  project(ctx, model, layer, Slot::Value, a.attn_normed, M, w.value, a.v);
+  project(ctx, model, layer, a.attn_normed, M,
+          {{Slot::Query, w.query, a.q}, {Slot::Key, w.key, a.k}, {Slot::Value, w.value, a.v}});
   if (c.use_query_key_norm) {  // Gemma 3: per-head RMSNorm before RoPE
     copy(a.q, M * N * H, a.q_raw);
     copy(a.k, M * K * H, a.k_raw);
     b.rmsnorm(a.q_raw, w.query_norm, M * N, H, eps, a.q);
     b.rmsnorm(a.k_raw, w.key_norm, M * K, H, eps, a.k);
   }
-  b.rope(a.q, M, N, H, positions, c.rope_base(layer), c.rope_scaling(layer));
-  b.rope(a.k, M, K, H, positions, c.rope_base(layer), c.rope_scaling(layer));
-  b.scale(a.q, M * N * H, c.query_scale());
+  b.rope(a.q, N, a.k, K, M, H, positions, c.rope_base(layer), c.rope_scaling(layer), c.query_scale());
 
   // This step's keys/values go into the cache at [b, start + t].
   FloatBuffer &cache_k = cache.keys[size_t(layer)], &cache_v = cache.values[size_t(layer)];
-  b.write_cache_rows(a.k, B, T, K * H, S, start, cache_k);
-  b.write_cache_rows(a.v, B, T, K * H, S, start, cache_v);
+  b.write_cache_rows(a.k, a.v, B, T, K * H, S, start, cache_k, cache_v);
 
   buffer(a.attended, M * N * H);
   buffer(a.attn_projected, M * D);
   b.attention(a.q, cache_k, cache_v, cache.key_valid, attention_shape(c, layer, B, T, start, S, ctx.precision), a.attended);
-  project(ctx, model, layer, Slot::AttentionOutput, a.attended, M, w.attention_output, a.attn_projected);
+  project(ctx, model, layer, a.attended, M, {{Slot::AttentionOutput, w.attention_output, a.attn_projected}});
   ctx.tensor_parallel.sum_partials(a.attn_projected);  // Σ over heads
   join_residual(a.attn_projected, c.use_post_attention_norm, w.post_attention_norm);
   if (for_backward) copy(x, M * D, a.mid);
@@ -213,12 +215,12 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
   buffer(a.up, M * F);
   buffer(a.ffw_projected, M * D);
   b.rmsnorm(x, w.pre_ffw_norm, M, D, eps, a.ffw_normed);
-  project(ctx, model, layer, Slot::FfwGating, a.ffw_normed, M, w.ffw_gating, a.gate);
-  project(ctx, model, layer, Slot::FfwGating2, a.ffw_normed, M, w.ffw_gating_2, a.up);
+  project(ctx, model, layer, a.ffw_normed, M,
+          {{Slot::FfwGating, w.ffw_gating, a.gate}, {Slot::FfwGating2, w.ffw_gating_2, a.up}});
   FloatBuffer& activated = for_backward ? s.activated : a.gate;  // backward needs gate itself
   if (for_backward) copy(a.gate, M * F, activated);
   b.geglu(activated, a.up, M * F);
-  project(ctx, model, layer, Slot::FfwLinear, activated, M, w.ffw_linear, a.ffw_projected);
+  project(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, a.ffw_projected}});
   ctx.tensor_parallel.sum_partials(a.ffw_projected);  // Σ over width
   join_residual(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm);
 }

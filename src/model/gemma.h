@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <vector>
 
 #include "core/buffer.h"
@@ -79,9 +80,17 @@ struct GemmaModel {
 // are not copied: the former is an Error, the latter come from LoraTensors on the backend.
 GemmaModel upload_model(const GemmaModel& model, Backend& backend);
 
-// y[M, W.rows] = x·Wᵀ, plus block `layer`'s LoRA term for `slot` when the model carries one.
-void project(const Context& ctx, const GemmaModel& model, int layer, Slot slot, ConstFloats x, int64_t M,
-             const WeightMatrix& W, Floats y);
+// One projection of a decoder block: variable `slot`'s matrix W, into y.
+struct Projection {
+  Slot slot;
+  const WeightMatrix& W;
+  Floats y;
+};
+// y[M, W.rows] = x·Wᵀ for each projection of one input x (q, k and v; gate and up: one backend call,
+// which a GPU serves reading x once), plus block `layer`'s LoRA term for the slot when the model
+// carries one.
+void project(const Context& ctx, const GemmaModel& model, int layer, ConstFloats x, int64_t M,
+             std::initializer_list<Projection> projections);
 
 // Per-layer keys and values for `batch` rows of up to `capacity` positions, plus which key slots
 // are real tokens (key_valid = 0 marks padding keys, which no query may attend to).

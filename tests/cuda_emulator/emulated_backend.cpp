@@ -15,9 +15,9 @@ void* emulated_cuda_stream(Backend& backend) {
   return cuda->stream();
 }
 
-std::vector<std::string> emulated_attention_routes(Backend& backend) {
+std::vector<std::string> emulated_routes(Backend& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
-  return cuda ? cuda->attention_routes() : std::vector<std::string>{};
+  return cuda ? cuda->routes() : std::vector<std::string>{};
 }
 
 }  // namespace meshtune

@@ -11,6 +11,6 @@ namespace meshtune {
 
 std::unique_ptr<Backend> make_emulated_cuda_backend();
 void* emulated_cuda_stream(Backend& backend);  // its stream; an Error for any other backend
-std::vector<std::string> emulated_attention_routes(Backend& backend);  // empty for any other backend
+std::vector<std::string> emulated_routes(Backend& backend);  // empty for any other backend
 
 }  // namespace meshtune

@@ -25,7 +25,7 @@ std::unique_ptr<Backend> make_cuda_backend(int) { return make_emulated_cuda_back
 
 void* cuda_stream_of(Backend& backend) { return emulated_cuda_stream(backend); }
 
-std::vector<std::string> cuda_attention_routes(Backend& backend) { return emulated_attention_routes(backend); }
+std::vector<std::string> cuda_routes(Backend& backend) { return emulated_routes(backend); }
 
 std::string nccl_unique_id(Communicator&) { fail("nccl_unique_id: the CUDA emulator has no NCCL"); }
 

@@ -15,7 +15,7 @@ void rmsnorm(const KernelPath& path, const float* x, const float* scale, int64_t
 }
 
 void rmsnorm_backward(const KernelPath& path, const float* x, const float* scale, int64_t rows, int64_t dim, float eps, const float* dy,
-                      float* dx, float* dscale) {
+                      float* dx, float* dscale, bool accumulate) {
   const cpu::VectorOps& ops = path.ops();
   const bool parallel = rows * dim > 32768;
   // Each thread sums its rows' dscale privately; the parts are added in thread order at the end, so
@@ -27,9 +27,12 @@ void rmsnorm_backward(const KernelPath& path, const float* x, const float* scale
 #pragma omp single
     threads = omp_get_num_threads();
     float* part = dscale ? parts.data() + size_t(omp_get_thread_num()) * size_t(dim) : nullptr;
+    std::vector<float> row(accumulate ? size_t(dim) : 0);  // a row's gradient before it is added
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      ops.rmsnorm_backward_row(x + r * dim, scale, dim, eps, dy + r * dim, dx + r * dim, part);
+    for (int64_t r = 0; r < rows; ++r) {
+      ops.rmsnorm_backward_row(x + r * dim, scale, dim, eps, dy + r * dim, accumulate ? row.data() : dx + r * dim, part);
+      if (accumulate) ops.axpy(1.f, row.data(), dx + r * dim, dim);  // dx + 1·row: exactly dx + row
+    }
   }
   if (dscale)
     for (int t = 0; t < threads; ++t)

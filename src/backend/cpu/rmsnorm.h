@@ -13,9 +13,10 @@ void rmsnorm(const KernelPath& path, const float* x, const float* scale, int64_t
 
 namespace meshtune {
 
-// Backward of rmsnorm: given x, scale and dy = ∂L/∂y, writes dx (may alias dy) and adds ∂L/∂scale
+// Backward of rmsnorm: given x, scale and dy = ∂L/∂y, writes dx (may alias dy; adds into it, apart
+// from dy, with `accumulate`) and adds ∂L/∂scale
 // into dscale (if not null).
 void rmsnorm_backward(const KernelPath& path, const float* x, const float* scale, int64_t rows, int64_t dim, float eps, const float* dy,
-                      float* dx, float* dscale);
+                      float* dx, float* dscale, bool accumulate = false);
 
 }  // namespace meshtune

@@ -210,44 +210,144 @@ __global__ void dequantize_kernel(const int8_t* codes, const float* scales, int6
     out[e] = float(codes[e]) / scales[e / cols];
 }
 
-// Under BF16 precision: the activations (x, or dy in backward) narrowed into scratch slot 0 and the
-// weights as bf16 (narrowed into slot 1 when stored fp32); under F32: the weights as fp32 (widened
-// into slot 1 when stored bf16).
-static MatmulOperands matmul_operands(CudaState& s, const float* activations, int64_t count, const WeightMatrix& W,
-                                      MatmulPrecision precision) {
+// The weights as a product takes them: under BF16 precision bf16 (narrowed into scratch slot 1 when
+// stored fp32); under F32 fp32 (widened into slot 1 when stored bf16; int8 dequantized into it).
+static const void* weight_operand(CudaState& s, const WeightMatrix& W, MatmulPrecision precision) {
   const int64_t size = W.rows * W.cols;
-  MatmulOperands out;
   if (W.dtype == DType::I8) {  // through the dequantized values, in fp32 (as the reference)
     auto* w = static_cast<float*>(s.scratch_for(1, size_t(size) * 4));
     dequantize_kernel<<<blocks_for(size), kThreads, 0, s.stream>>>(W.i8(), W.scales, size, W.cols, w);
     check_launch("dequantize_int8");
-    out.activations = activations;
-    out.weights = w;
-    return out;
+    return w;
   }
   if (precision == MatmulPrecision::BF16) {
-    auto* a = static_cast<uint16_t*>(s.scratch_for(0, size_t(count) * 2));
-    cuda::narrow(s, activations, count, a);
-    out.activations = a;
-    out.type = CUDA_R_16BF;
-    if (W.dtype == DType::BF16) {
-      out.weights = W.data;
-    } else {
-      auto* w = static_cast<uint16_t*>(s.scratch_for(1, size_t(size) * 2));
-      cuda::narrow(s, W.f32(), size, w);
-      out.weights = w;
-    }
-    return out;
+    if (W.dtype == DType::BF16) return W.data;
+    auto* w = static_cast<uint16_t*>(s.scratch_for(1, size_t(size) * 2));
+    cuda::narrow(s, W.f32(), size, w);
+    return w;
   }
-  out.activations = activations;
-  if (W.dtype == DType::F32) {
-    out.weights = W.data;
-  } else {
-    auto* w = static_cast<float*>(s.scratch_for(1, size_t(size) * 4));
-    widen(s, W.bf16(), size, w);
-    out.weights = w;
-  }
+  if (W.dtype == DType::F32) return W.data;
+  auto* w = static_cast<float*>(s.scratch_for(1, size_t(size) * 4));
+  widen(s, W.bf16(), size, w);
+  return w;
+}
+
+// The product's type (bf16 under BF16 precision, but int8 weights keep fp32) and its activations (x,
+// or dy in backward) as it takes them: narrowed into scratch slot 0 under bf16.
+static cudaDataType product_type(const WeightMatrix& W, MatmulPrecision precision) {
+  return W.dtype != DType::I8 && precision == MatmulPrecision::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+static const void* activation_operand(CudaState& s, const float* activations, int64_t count, cudaDataType type) {
+  if (type == CUDA_R_32F) return activations;
+  auto* a = static_cast<uint16_t*>(s.scratch_for(0, size_t(count) * 2));
+  cuda::narrow(s, activations, count, a);
+  return a;
+}
+
+static MatmulOperands matmul_operands(CudaState& s, const float* activations, int64_t count, const WeightMatrix& W,
+                                      MatmulPrecision precision) {
+  MatmulOperands out;
+  out.type = product_type(W, precision);
+  out.weights = weight_operand(s, W, precision);
+  out.activations = activation_operand(s, activations, count, out.type);
   return out;
+}
+
+// ---- linear of few rows (decode): one warp per weight row, every input row at once ----
+// y[m, r] = Σ_c x[m, c]·W[r, c] in fp32 for M ≤ kSmallRows rows of x; under BF16 precision x and fp32
+// weights rounded to bf16 as they are read, as the cuBLAS route narrows them. The weights are read
+// once, 16 bytes a lane, and widened on the fly (bf16 weights under F32 precision are not widened into
+// a copy first); up to kSmallProducts weights of one input in one launch (q, k, v). Each lane sums
+// its columns in order, the lanes' sums are added by xor shuffles: the same on every run.
+constexpr int kSmallRows = 8, kSmallProducts = 4;
+struct SmallProducts {
+  const void* w[kSmallProducts];
+  bool bf16[kSmallProducts];
+  float* y[kSmallProducts];
+  int64_t end[kSmallProducts];  // the products' rows, counted over all of them: product i's end
+  int count;
+};
+
+__device__ inline float weight_at(const uint16_t* row, int64_t c) { return bf16_to_f32(row[c]); }
+__device__ inline float weight_at(const float* row, int64_t c) { return row[c]; }
+// Eight weights from column c (a multiple of 8; the row 16-byte aligned) as fp32.
+__device__ inline void load_eight(const uint16_t* row, int64_t c, float (&w)[8]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(row + c);
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+  for (int j = 0; j < 4; ++j) {
+    w[2 * j] = bf16_to_f32(uint16_t(words[j] & 0xffffu));
+    w[2 * j + 1] = bf16_to_f32(uint16_t(words[j] >> 16));
+  }
+}
+__device__ inline void load_eight(const float* row, int64_t c, float (&w)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(row + c), b = *reinterpret_cast<const float4*>(row + c + 4);
+  w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+}
+__device__ inline float as_input(float v, bool round) { return round ? round_to_bf16(v) : v; }
+
+// This lane's share of row·x[m] for each of the M rows of x, added into sum[m].
+template <class Weight>
+__device__ void small_row_sums(const Weight* row, const float* x, int M, int64_t cols, bool round,
+                               float (&sum)[kSmallRows]) {
+  const int lane = threadIdx.x % 32;
+  const int64_t eights = cols % 8 == 0 && aligned_to(row, 16) && aligned_to(x, 16) ? cols / 8 : 0;
+#pragma unroll 2
+  for (int64_t e = lane; e < eights; e += 32) {
+    float w[8];
+    load_eight(row, 8 * e, w);
+    for (int j = 0; j < 8; ++j) w[j] = as_input(w[j], round);
+#pragma unroll
+    for (int m = 0; m < kSmallRows; ++m)
+      if (m < M) {
+        float in[8];
+        load_eight(x + m * cols, 8 * e, in);
+        for (int j = 0; j < 8; ++j) sum[m] += w[j] * as_input(in[j], round);
+      }
+  }
+  for (int64_t c = 8 * eights + lane; c < cols; c += 32) {
+    const float w = as_input(weight_at(row, c), round);
+#pragma unroll
+    for (int m = 0; m < kSmallRows; ++m)
+      if (m < M) sum[m] += w * as_input(x[m * cols + c], round);
+  }
+}
+
+__global__ void small_linear_kernel(const float* x, int M, int64_t cols, SmallProducts p, bool round) {
+  const int lane = threadIdx.x % 32;
+  FOR_EACH_WARP_ITEM(item, p.end[p.count - 1]) {
+    int i = 0;
+    while (item >= p.end[i]) ++i;
+    const int64_t r = item - (i > 0 ? p.end[i - 1] : 0), rows = p.end[i] - (i > 0 ? p.end[i - 1] : 0);
+    float sum[kSmallRows] = {};
+    if (p.bf16[i]) small_row_sums(static_cast<const uint16_t*>(p.w[i]) + r * cols, x, M, cols, round, sum);
+    else small_row_sums(static_cast<const float*>(p.w[i]) + r * cols, x, M, cols, round, sum);
+#pragma unroll
+    for (int m = 0; m < kSmallRows; ++m)
+      if (m < M) {
+        float total = sum[m];
+        for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+        if (lane == m) p.y[i][m * rows + r] = total;
+      }
+  }
+}
+
+static void small_linear(CudaState& s, const float* x, int64_t M, const std::vector<LinearOutput>& outputs,
+                         MatmulPrecision precision) {
+  for (size_t first = 0; first < outputs.size(); first += kSmallProducts) {
+    SmallProducts p{};
+    int64_t rows = 0;
+    for (size_t i = first; i < outputs.size() && p.count < kSmallProducts; ++i, ++p.count) {
+      const WeightMatrix& W = *outputs[i].W;
+      p.w[p.count] = W.data;
+      p.bf16[p.count] = W.dtype == DType::BF16;
+      p.y[p.count] = outputs[i].y.data;
+      p.end[p.count] = rows += W.rows;
+    }
+    if (rows == 0) continue;
+    small_linear_kernel<<<blocks_for(32 * rows), kThreads, 0, s.stream>>>(
+        x, int(M), outputs[first].W->cols, p, precision == MatmulPrecision::BF16);
+    check_launch("linear (few rows)");
+  }
 }
 
 // ---- int8 weights: Keras' arithmetic, as the CPU's (backend/cpu/int8.cpp) ----
@@ -302,9 +402,36 @@ void CudaBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, 
     check_launch("linear (int8)");
     return;
   }
-  const MatmulOperands op = matmul_operands(*state_, x, M * W.cols, W, precision);
-  gemm(*state_, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, M, W.cols, op.weights, W.cols, op.activations, W.cols, op.type, 0.f,
-       y, W.rows, "linear");
+  linear_shared_input_impl(x, M, {{&W, Floats(y, size_t(M * W.rows), Device::Cuda)}}, precision);
+}
+
+// Products of one input: few rows (decode) by small_linear or cuBLAS, whichever the shape's first
+// call measured faster (MESHTUNE_CUDA_LINEAR); more rows by cuBLAS, the input narrowed once for all of
+// them under BF16 precision. int8 weights keep their own kernels.
+void CudaBackend::linear_shared_input_impl(const float* x, int64_t M, const std::vector<LinearOutput>& outputs,
+                                           MatmulPrecision precision) {
+  if (M == 0 || outputs.empty()) return;
+  for (const LinearOutput& out : outputs)
+    if (out.W->dtype == DType::I8) return Backend::linear_shared_input_impl(x, M, outputs, precision);
+  CudaState& s = *state_;
+  const int64_t cols = outputs[0].W->cols;
+  const auto run = [&](bool by_cublas) {
+    if (!by_cublas) return small_linear(s, x, M, outputs, precision);
+    const cudaDataType type = product_type(*outputs[0].W, precision);
+    const void* activations = activation_operand(s, x, M * cols, type);
+    for (const LinearOutput& out : outputs) {
+      const WeightMatrix& W = *out.W;
+      gemm(s, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, M, W.cols, weight_operand(s, W, precision), W.cols,
+           activations, W.cols, type, 0.f, out.y.data, W.rows, "linear");
+    }
+  };
+  if (M > kSmallRows) return run(true);
+  static const std::string forced = cuda::forced_route("MESHTUNE_CUDA_LINEAR");
+  std::string key = "linear M=" + std::to_string(M) + " cols=" + std::to_string(cols) + " rows";
+  for (const LinearOutput& out : outputs)
+    key += " " + std::to_string(out.W->rows) + (out.W->dtype == DType::BF16 ? " bf16" : " f32");
+  key += precision == MatmulPrecision::BF16 ? ", bf16 products" : ", f32 products";
+  run(cuda::route_is_gemm(s, forced, key, run));
 }
 
 void CudaBackend::linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,

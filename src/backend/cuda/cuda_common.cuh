@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -142,12 +143,13 @@ struct CudaState {
   // cuda_backend.cu's, 4–6 cuda_ops.cu's): grown when too small, never shrunk, reused in stream order.
   std::vector<void*> scratch = std::vector<void*>(7, nullptr);
   std::vector<size_t> scratch_bytes = std::vector<size_t>(7, 0);
-  // Attention's route per shape and direction, as measured at its first call (cuda_ops.cu).
-  struct AttentionTiming {
+  // The route of each op and shape with two (our kernels or cuBLAS' products: attention per direction,
+  // linear of few rows), as measured at its first call (cuda::route_is_gemm), by key.
+  struct RouteTiming {
     bool gemm = false;
     float kernels_ms = 0, gemm_ms = 0;
   };
-  std::map<std::string, AttentionTiming> attention_routes;
+  std::map<std::string, RouteTiming> routes;
 
   void* scratch_for(int slot, size_t bytes) {
     if (scratch_bytes[size_t(slot)] < bytes) {
@@ -176,6 +178,16 @@ void sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t 
 void sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
            const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc,
            const char* op, Batch batch = {});
+
+// An op with two routes — our kernels, or cuBLAS' products (run(gemm)) — and which one `key` takes:
+// the one `forced` names (an environment variable's value: kernels or gemm), or with `forced` auto
+// the faster, timed at the key's first call (each route run once untimed, then twice timed; the
+// output is the chosen route's) and kept in s.routes. The routes agree to rounding: both are tested
+// against the reference.
+bool route_is_gemm(CudaState& s, const std::string& forced, const std::string& key,
+                   const std::function<void(bool gemm)>& run);
+// The route environment variable `name` forces: auto (unset), kernels or gemm; anything else is an Error.
+std::string forced_route(const char* name);
 
 // dst = src rounded to bf16 (nearest even), n values; or several arrays into consecutive parts of
 // dst, up to 16 a launch.

@@ -78,10 +78,10 @@ __global__ void rmsnorm_inverse_kernel(const float* x, int64_t dim, float eps, d
   if (threadIdx.x == 0) inv[blockIdx.x] = value;
 }
 
-// n = x·inv, y = n·(1 + s): dn = dy·(1 + s); dx = inv·(dn − n·mean(dn·n)). dx may be dy: each value
-// is read before it is written.
+// n = x·inv, y = n·(1 + s): dn = dy·(1 + s); dx = inv·(dn − n·mean(dn·n)), or dx += that. dx may be
+// dy (not when adding): each value is read before it is written.
 __global__ void rmsnorm_backward_kernel(const float* x, const float* scale, const double* inverse, int64_t dim,
-                                        const float* dy, float* dx) {
+                                        const float* dy, float* dx, bool accumulate) {
   const int64_t r = blockIdx.x;
   const float* xr = x + r * dim;
   const double inv = inverse[r];
@@ -91,7 +91,8 @@ __global__ void rmsnorm_backward_kernel(const float* x, const float* scale, cons
   dot = block_sum(dot);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     const double dn = double(dy[r * dim + i]) * (1.0 + scale[i]);
-    dx[r * dim + i] = float(inv * (dn - double(xr[i]) * inv * dot / double(dim)));
+    const float value = float(inv * (dn - double(xr[i]) * inv * dot / double(dim)));
+    dx[r * dim + i] = accumulate ? dx[r * dim + i] + value : value;
   }
 }
 
@@ -107,32 +108,40 @@ __global__ void rmsnorm_scale_grad_kernel(const float* x, const float* dy, const
 
 // ---- RoPE: each head's halves [x1 | x2] rotated by ±θ, θ = position·inverse frequency (fp32) ----
 
-// One block per (token, head) row at a time, its threads over the pairs (i, i + half): a thread per
-// pair spent most of its time in the three 64-bit divisions that found its row and pair.
-__global__ void rope_kernel(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
-                            float base, float scaling, bool inverse) {
-  const int64_t half = head_dim / 2;
-  for (int64_t row = blockIdx.x; row < tokens * heads; row += gridDim.x) {
-    const float position = float(positions[row / heads]);
-    float* v = x + row * head_dim;
+// One block per (token, head) row at a time — the query rows, then the key rows —, its threads over
+// the pairs (i, i + half): a thread per pair spent most of its time in the three 64-bit divisions that
+// found its row and pair. The query rows are scaled by q_scale after the rotation (forward) or before
+// it (backward, the inverse rotation), each a rounding of its own, as two separate ops round.
+__global__ void rope_kernel(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
+                            const int64_t* positions, float base, float scaling, float q_scale, bool inverse) {
+  const int64_t half = head_dim / 2, q_rows = tokens * q_heads;
+  for (int64_t row = blockIdx.x; row < q_rows + tokens * k_heads; row += gridDim.x) {
+    const bool of_q = row < q_rows;
+    const int64_t heads = of_q ? q_heads : k_heads, r = of_q ? row : row - q_rows;
+    const float position = float(positions[r / heads]);
+    float* v = (of_q ? q : k) + r * head_dim;
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
       const float angle = position * rope_inverse_frequency(i, head_dim, base, scaling);
       const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
-      const float x1 = v[i], x2 = v[i + half];
-      v[i] = x1 * c - x2 * s;
-      v[i + half] = x2 * c + x1 * s;
+      float x1 = v[i], x2 = v[i + half];
+      if (of_q && inverse) x1 *= q_scale, x2 *= q_scale;
+      float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+      if (of_q && !inverse) y1 *= q_scale, y2 *= q_scale;
+      v[i] = y1;
+      v[i + half] = y2;
     }
   }
 }
 
 // Its launch: up to 65536 blocks of the pairs of a row, rounded up to whole warps.
-static void launch_rope(CudaState& st, float* x, int64_t tokens, int64_t heads, int64_t head_dim,
-                        const int64_t* positions, float base, float scaling, bool inverse) {
-  const int64_t rows = tokens * heads;
+static void launch_rope(CudaState& st, float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens,
+                        int64_t head_dim, const int64_t* positions, float base, float scaling, float q_scale,
+                        bool inverse) {
+  const int64_t rows = tokens * (q_heads + k_heads);
   if (rows == 0) return;
   const unsigned threads = unsigned(std::clamp<int64_t>((head_dim / 2 + 31) / 32 * 32, 32, kThreads));
-  rope_kernel<<<unsigned(std::min<int64_t>(rows, 65536)), threads, 0, st.stream>>>(x, tokens, heads, head_dim,
-                                                                                   positions, base, scaling, inverse);
+  rope_kernel<<<unsigned(std::min<int64_t>(rows, 65536)), threads, 0, st.stream>>>(
+      q, q_heads, k, k_heads, tokens, head_dim, positions, base, scaling, q_scale, inverse);
   check_launch(inverse ? "rope_backward" : "rope");
 }
 
@@ -575,11 +584,14 @@ __global__ void embedding_lookup_backward_kernel(const float* dy, const int32_t*
   }
 }
 
-__global__ void write_cache_rows_kernel(const float* values, int64_t B, int64_t T, int64_t width, int64_t capacity,
-                                        int64_t start, float* cache) {
+// The keys (blockIdx.y = 0) and the values (1) in one launch.
+__global__ void write_cache_rows_kernel(const float* keys, const float* values, int64_t B, int64_t T, int64_t width,
+                                        int64_t capacity, int64_t start, float* key_cache, float* value_cache) {
+  const float* rows = blockIdx.y == 0 ? keys : values;
+  float* cache = blockIdx.y == 0 ? key_cache : value_cache;
   FOR_EACH_INDEX(e, B * T * width) {
     const int64_t w = e % width, t = (e / width) % T, b = e / (width * T);
-    cache[(b * capacity + start + t) * width + w] = values[e];
+    cache[(b * capacity + start + t) * width + w] = rows[e];
   }
 }
 
@@ -686,24 +698,25 @@ void CudaBackend::rmsnorm_impl(const float* x, const float* scale, int64_t rows,
 }
 
 void CudaBackend::rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
-                                        const float* dy, float* dx, float* dscale) {
+                                        const float* dy, float* dx, float* dscale, bool accumulate) {
   if (rows == 0) return;
   auto* inv = static_cast<double*>(state_->scratch_for(kRowScratch, size_t(rows) * sizeof(double)));
   rmsnorm_inverse_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, dim, eps, inv);
   // ∂s before dx: the model passes dx = dy, and ∂s sums dy over every row.
   if (dscale) rmsnorm_scale_grad_kernel<<<blocks_for(dim), kThreads, 0, state_->stream>>>(x, dy, inv, rows, dim, dscale);
-  rmsnorm_backward_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, scale, inv, dim, dy, dx);
+  rmsnorm_backward_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, scale, inv, dim, dy, dx, accumulate);
   check_launch("rmsnorm_backward");
 }
 
-void CudaBackend::rope_impl(float* x, int64_t tokens, int64_t heads, int64_t head_dim, const int64_t* positions,
-                            float base, float scaling) {
-  launch_rope(*state_, x, tokens, heads, head_dim, positions, base, scaling, false);
+void CudaBackend::rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
+                            const int64_t* positions, float base, float scaling, float q_scale) {
+  launch_rope(*state_, q, q_heads, k, k_heads, tokens, head_dim, positions, base, scaling, q_scale, false);
 }
 
-void CudaBackend::rope_backward_impl(float* dx, int64_t tokens, int64_t heads, int64_t head_dim,
-                                     const int64_t* positions, float base, float scaling) {
-  launch_rope(*state_, dx, tokens, heads, head_dim, positions, base, scaling, true);
+void CudaBackend::rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens,
+                                     int64_t head_dim, const int64_t* positions, float base, float scaling,
+                                     float q_scale) {
+  launch_rope(*state_, dq, q_heads, dk, k_heads, tokens, head_dim, positions, base, scaling, q_scale, true);
 }
 
 // The shared memory a per-query attention kernel needs (`bytes`, which grow with the key slots),
@@ -894,48 +907,55 @@ static void attention_backward_by_products(CudaState& st, const float* q, const 
   }
 }
 
-// Which route: MESHTUNE_CUDA_ATTENTION=kernels|gemm forces one. By default (auto) the first call of
-// each shape and direction runs both, times them (twice each, after one untimed run) and keeps the
-// faster — as the CPU backend measures its matmul routes —, so that no guess about a GPU decides it.
-// The key leaves out `start`: decode's calls differ only there. The routes agree to fp32 rounding
-// (both are tested against the reference); the output is always the chosen route's.
-static bool attention_by_gemm(CudaState& st, const AttentionShape& s, bool backward,
-                              const std::function<void(bool gemm)>& run) {
-  static const std::string forced = [] {
-    const char* route = std::getenv("MESHTUNE_CUDA_ATTENTION");
-    const std::string name = route ? route : "auto";
-    check(name == "auto" || name == "kernels" || name == "gemm", "MESHTUNE_CUDA_ATTENTION=", brief(name),
-          ": expected auto, kernels or gemm");
-    return name;
-  }();
+std::string cuda::forced_route(const char* name) {
+  const char* value = std::getenv(name);
+  const std::string route = value ? value : "auto";
+  check(route == "auto" || route == "kernels" || route == "gemm", name, "=", brief(route),
+        ": expected auto, kernels or gemm");
+  return route;
+}
+
+bool cuda::route_is_gemm(CudaState& st, const std::string& forced, const std::string& key,
+                         const std::function<void(bool gemm)>& run) {
   if (forced != "auto") return forced == "gemm";
-  const std::string key = std::string(backward ? "backward" : "forward") + " B=" + std::to_string(s.batch) +
-                          " T=" + std::to_string(s.query_len) + " S=" + std::to_string(s.capacity) +
-                          " N=" + std::to_string(s.heads) + " K=" + std::to_string(s.kv_heads) +
-                          " H=" + std::to_string(s.head_dim) + " window=" + std::to_string(s.window) +
-                          " cap=" + std::to_string(s.soft_cap > 0);
-  auto known = st.attention_routes.find(key);
-  if (known != st.attention_routes.end()) return known->second.gemm;
-  CudaState::AttentionTiming timing;
+  auto known = st.routes.find(key);
+  if (known != st.routes.end()) return known->second.gemm;
+  CudaState::RouteTiming timing;
   cudaEvent_t marks[5] = {};
-  for (cudaEvent_t& e : marks) check_cuda(cudaEventCreate(&e), "attention (time the routes)");
+  const std::string what = "time the routes of " + key;
+  for (cudaEvent_t& e : marks) check_cuda(cudaEventCreate(&e), what.c_str());
   run(false), run(true);  // untimed: scratch grown, cuBLAS' kernels loaded
-  check_cuda(cudaEventRecord(marks[0], st.stream), "attention (time the routes)");
+  check_cuda(cudaEventRecord(marks[0], st.stream), what.c_str());
   for (int round = 0; round < 2; ++round) {
     run(false);
-    check_cuda(cudaEventRecord(marks[1 + 2 * round], st.stream), "attention (time the routes)");
+    check_cuda(cudaEventRecord(marks[1 + 2 * round], st.stream), what.c_str());
     run(true);
-    check_cuda(cudaEventRecord(marks[2 + 2 * round], st.stream), "attention (time the routes)");
+    check_cuda(cudaEventRecord(marks[2 + 2 * round], st.stream), what.c_str());
   }
-  check_cuda(cudaEventSynchronize(marks[4]), "attention (time the routes)");
+  check_cuda(cudaEventSynchronize(marks[4]), what.c_str());
   float ms[4] = {};
-  for (int i = 0; i < 4; ++i) check_cuda(cudaEventElapsedTime(&ms[i], marks[i], marks[i + 1]), "attention (time the routes)");
+  for (int i = 0; i < 4; ++i) check_cuda(cudaEventElapsedTime(&ms[i], marks[i], marks[i + 1]), what.c_str());
   for (cudaEvent_t e : marks) cudaEventDestroy(e);
   timing.kernels_ms = std::min(ms[0], ms[2]);
   timing.gemm_ms = std::min(ms[1], ms[3]);
   timing.gemm = timing.gemm_ms < timing.kernels_ms;
-  st.attention_routes[key] = timing;
+  st.routes[key] = timing;
   return timing.gemm;
+}
+
+// Attention's route (cuda::route_is_gemm), MESHTUNE_CUDA_ATTENTION. The key leaves out `start`:
+// decode's calls differ only there.
+static bool attention_by_gemm(CudaState& st, const AttentionShape& s, bool backward,
+                              const std::function<void(bool gemm)>& run) {
+  static const std::string forced = cuda::forced_route("MESHTUNE_CUDA_ATTENTION");
+  if (forced != "auto") return forced == "gemm";
+  const std::string key = std::string("attention ") + (backward ? "backward" : "forward") +
+                          " B=" + std::to_string(s.batch) + " T=" + std::to_string(s.query_len) +
+                          " S=" + std::to_string(s.capacity) + " N=" + std::to_string(s.heads) +
+                          " K=" + std::to_string(s.kv_heads) + " H=" + std::to_string(s.head_dim) +
+                          " window=" + std::to_string(s.window) + " cap=" + std::to_string(s.soft_cap > 0) +
+                          " bf16=" + std::to_string(s.bf16_products);
+  return cuda::route_is_gemm(st, forced, key, run);
 }
 
 void CudaBackend::attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
@@ -962,10 +982,10 @@ void CudaBackend::attention_backward_impl(const float* q, const float* k, const 
   run(attention_by_gemm(st, s, /*backward=*/true, run));
 }
 
-std::vector<std::string> CudaBackend::attention_routes() const {
+std::vector<std::string> CudaBackend::routes() const {
   std::vector<std::string> lines;
-  for (const auto& [key, t] : state_->attention_routes) {
-    char line[160];
+  for (const auto& [key, t] : state_->routes) {
+    char line[256];
     std::snprintf(line, sizeof line, "%s: kernels %.3f ms, gemm %.3f ms -> %s", key.c_str(), t.kernels_ms, t.gemm_ms,
                   t.gemm ? "gemm" : "kernels");
     lines.push_back(line);
@@ -1035,10 +1055,11 @@ void CudaBackend::embedding_lookup_backward_impl(const float* dy, const int32_t*
                                                                                      factor, grad);
   check_launch("embedding_lookup_backward");
 }
-void CudaBackend::write_cache_rows_impl(const float* values, int64_t B, int64_t T, int64_t width, int64_t capacity,
-                                        int64_t start, float* cache) {
-  write_cache_rows_kernel<<<blocks_for(B * T * width), kThreads, 0, state_->stream>>>(values, B, T, width, capacity,
-                                                                                      start, cache);
+void CudaBackend::write_cache_rows_impl(const float* keys, const float* values, int64_t B, int64_t T, int64_t width,
+                                        int64_t capacity, int64_t start, float* key_cache, float* value_cache) {
+  if (B * T * width == 0) return;
+  write_cache_rows_kernel<<<dim3(unsigned(blocks_for(B * T * width)), 2), kThreads, 0, state_->stream>>>(
+      keys, values, B, T, width, capacity, start, key_cache, value_cache);
   check_launch("write_cache_rows");
 }
 void CudaBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {

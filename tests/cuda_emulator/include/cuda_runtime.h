@@ -29,6 +29,9 @@ struct alignas(16) float4 {
 struct alignas(8) uint2 {
   unsigned x, y;
 };
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
 
 // The running thread's coordinates (set by the emulator before it resumes a thread).
 inline uint3 threadIdx, blockIdx;
