@@ -233,6 +233,22 @@ std::vector<OpCase> norm_cases() {
     c.tolerance = rows * dim < 1000 ? 1e-5 : 2e-5;
     cases.push_back(std::move(c));
   }
+  // The residual join and the next norm in one op: x += branch (returned), y = RMSNorm(x).
+  for (const auto& [shape_rows, shape_dim] : {std::pair<int64_t, int64_t>{3, 7}, {300, 256}}) {
+    const int64_t rows = shape_rows, dim = shape_dim;  // named variables: lambdas capture them
+    OpCase c;
+    c.name = "add_rmsnorm_" + std::to_string(rows) + "x" + std::to_string(dim);
+    c.make_inputs = [rows, dim] {
+      return Inputs{random_vector(size_t(rows * dim), 13), random_vector(size_t(rows * dim), 14),
+                    random_vector(size_t(dim), 15, 0.5f)};
+    };
+    c.forward = [rows, dim](Backend& b, Inputs& in) {
+      FloatBuffer x = put(b, in[0]), y = put(b, zeros(rows * dim));
+      b.add_rmsnorm(x, put(b, in[1]), put(b, in[2]), rows, dim, 1e-6f, y);
+      return Inputs{get(b, y), get(b, x)};
+    };
+    cases.push_back(std::move(c));
+  }
   return cases;
 }
 
@@ -865,6 +881,8 @@ TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
   W.device = Device::Cuda;
   EXPECT_THROW(cpu.linear(x, 2, W, y, MatmulPrecision::F32), Error);
   EXPECT_THROW(cpu.gather_rows(x, std::vector<int64_t>{0, 3}, 4, y), Error);  // row 3 is outside 12 values
+  // y written over x (or the branch) while the row is still being read.
+  EXPECT_THROW(cpu.add_rmsnorm(x, y, scale, 3, 4, 1e-6f, x), Error);
   // Adding into dx while reading dy from the same memory would add a half-overwritten gradient.
   EXPECT_THROW(cpu.rmsnorm_backward(x, scale, 3, 4, 1e-6f, y, y, {}, /*accumulate=*/true), Error);
   // Several weights of one input must all be as wide as it.

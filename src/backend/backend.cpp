@@ -198,6 +198,23 @@ void Backend::rmsnorm(ConstFloats x, ConstFloats scale, int64_t rows, int64_t di
   rmsnorm_impl(x.data, scale.data, rows, dim, eps, y.data);
 }
 
+void Backend::add_rmsnorm(Floats x, ConstFloats branch, ConstFloats scale, int64_t rows, int64_t dim, float eps,
+                          Floats y) {
+  need(*this, x, rows * dim, "add_rmsnorm", "x");
+  need(*this, branch, rows * dim, "add_rmsnorm", "branch");
+  need(*this, scale, dim, "add_rmsnorm", "scale");
+  need(*this, y, rows * dim, "add_rmsnorm", "y");
+  if (rows * dim > 0 && (y.data == x.data || y.data == branch.data))
+    fail(name(), " backend: add_rmsnorm writes y apart from x and branch");
+  add_rmsnorm_impl(x.data, branch.data, scale.data, rows, dim, eps, y.data);
+}
+
+void Backend::add_rmsnorm_impl(float* x, const float* branch, const float* scale, int64_t rows, int64_t dim,
+                               float eps, float* y) {
+  add_into_impl(x, branch, rows * dim);
+  rmsnorm_impl(x, scale, rows, dim, eps, y);
+}
+
 void Backend::rmsnorm_backward(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, ConstFloats dy,
                                Floats dx, Floats dscale, bool accumulate) {
   need(*this, x, rows * dim, "rmsnorm_backward", "x");

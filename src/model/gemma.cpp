@@ -172,12 +172,12 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
     b.resize(dst, size_t(n));
     b.copy(src, n, dst);
   };
-  // A branch joins the residual stream, through its post-norm when the family has one.
-  const auto join_residual = [&](const FloatBuffer& branch, bool use_post_norm, const WeightVector& post_norm) {
-    if (!use_post_norm) return b.add_into(x, branch, M * D);
+  // What a branch adds to the residual stream: the branch, or its post-norm when the family has one.
+  const auto joining = [&](const FloatBuffer& branch, bool use_post_norm, const WeightVector& post_norm) -> ConstFloats {
+    if (!use_post_norm) return branch;
     buffer(s.residual, M * D);
     b.rmsnorm(branch, post_norm, M, D, eps, s.residual);
-    b.add_into(x, s.residual, M * D);
+    return s.residual;
   };
   if (for_backward) copy(x, M * D, a.input);
 
@@ -206,15 +206,16 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
   b.attention(a.q, cache_k, cache_v, cache.key_valid, attention_shape(c, layer, B, T, start, S, ctx.precision), a.attended);
   project(ctx, model, layer, a.attended, M, {{Slot::AttentionOutput, w.attention_output, a.attn_projected}});
   ctx.tensor_parallel.sum_partials(a.attn_projected);  // Σ over heads
-  join_residual(a.attn_projected, c.use_post_attention_norm, w.post_attention_norm);
+  // The attention branch joins the residual stream and the feed-forward's input is normalized, in one op.
+  buffer(a.ffw_normed, M * D);
+  b.add_rmsnorm(x, joining(a.attn_projected, c.use_post_attention_norm, w.post_attention_norm), w.pre_ffw_norm, M,
+                D, eps, a.ffw_normed);
   if (for_backward) copy(x, M * D, a.mid);
 
   // --- feed-forward (GeGLU) ---
-  buffer(a.ffw_normed, M * D);
   buffer(a.gate, M * F);
   buffer(a.up, M * F);
   buffer(a.ffw_projected, M * D);
-  b.rmsnorm(x, w.pre_ffw_norm, M, D, eps, a.ffw_normed);
   project(ctx, model, layer, a.ffw_normed, M,
           {{Slot::FfwGating, w.ffw_gating, a.gate}, {Slot::FfwGating2, w.ffw_gating_2, a.up}});
   FloatBuffer& activated = for_backward ? s.activated : a.gate;  // backward needs gate itself
@@ -222,7 +223,7 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
   b.geglu(activated, a.up, M * F);
   project(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, a.ffw_projected}});
   ctx.tensor_parallel.sum_partials(a.ffw_projected);  // Σ over width
-  join_residual(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm);
+  b.add_into(x, joining(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm), M * D);
 }
 
 // The buffers of a block's activations (const or not), in a fixed order (for SavedBlocks' bf16 copies).

@@ -65,8 +65,12 @@ __device__ double row_inverse_rms(const float* xr, int64_t dim, float eps) {
   return 1.0 / sqrt(ss / double(dim) + double(eps));
 }
 
-__global__ void rmsnorm_kernel(const float* x, const float* scale, int64_t dim, float eps, float* y) {
-  const float* xr = x + blockIdx.x * dim;
+// y = RMSNorm of the block's row of x; with `branch`, x += branch first (written back: the residual
+// join before the next norm; each thread then reads only the values it wrote).
+__global__ void rmsnorm_kernel(float* x, const float* branch, const float* scale, int64_t dim, float eps, float* y) {
+  float* xr = x + blockIdx.x * dim;
+  if (branch)
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) xr[i] += branch[blockIdx.x * dim + i];
   const double inv = row_inverse_rms(xr, dim, eps);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
     y[blockIdx.x * dim + i] = float(double(xr[i]) * inv * (1.0 + scale[i]));
@@ -693,8 +697,15 @@ void CudaBackend::row_abs_max_impl(const float* x, int64_t rows, int64_t cols, f
 
 void CudaBackend::rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) {
   if (rows == 0) return;
-  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, scale, dim, eps, y);
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(const_cast<float*>(x), nullptr, scale, dim, eps, y);
   check_launch("rmsnorm");
+}
+
+void CudaBackend::add_rmsnorm_impl(float* x, const float* branch, const float* scale, int64_t rows, int64_t dim,
+                                   float eps, float* y) {
+  if (rows == 0) return;
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, branch, scale, dim, eps, y);
+  check_launch("add_rmsnorm");
 }
 
 void CudaBackend::rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
