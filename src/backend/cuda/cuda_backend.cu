@@ -427,10 +427,12 @@ void CudaBackend::linear_shared_input_impl(const float* x, int64_t M, const std:
   };
   if (M > kSmallRows) return run(true);
   static const std::string forced = cuda::forced_route("MESHTUNE_CUDA_LINEAR");
-  std::string key = "linear M=" + std::to_string(M) + " cols=" + std::to_string(cols) + " rows";
-  for (const LinearOutput& out : outputs)
-    key += " " + std::to_string(out.W->rows) + (out.W->dtype == DType::BF16 ? " bf16" : " f32");
-  key += precision == MatmulPrecision::BF16 ? ", bf16 products" : ", f32 products";
+  const auto key = [&] {
+    std::string shape = "linear M=" + std::to_string(M) + " cols=" + std::to_string(cols) + " rows";
+    for (const LinearOutput& out : outputs)
+      shape += " " + std::to_string(out.W->rows) + (out.W->dtype == DType::BF16 ? " bf16" : " f32");
+    return shape + (precision == MatmulPrecision::BF16 ? ", bf16 products" : ", f32 products");
+  };
   run(cuda::route_is_gemm(s, forced, key, run));
 }
 

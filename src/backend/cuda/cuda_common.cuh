@@ -179,12 +179,13 @@ void sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t 
            const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc,
            const char* op, Batch batch = {});
 
-// An op with two routes — our kernels, or cuBLAS' products (run(gemm)) — and which one `key` takes:
-// the one `forced` names (an environment variable's value: kernels or gemm), or with `forced` auto
-// the faster, timed at the key's first call (each route run once untimed, then twice timed; the
-// output is the chosen route's) and kept in s.routes. The routes agree to rounding: both are tested
+// An op with two routes — our kernels, or cuBLAS' products (run(gemm)) — and which one its shape
+// takes: the one `forced` names (an environment variable's value: kernels or gemm), or with `forced`
+// auto the faster, timed at the first call of the shape's key() (each route run once untimed, then
+// twice timed; the output is the chosen route's) and kept in s.routes. key() is called only under
+// auto: a forced route builds no key on the hot path. The routes agree to rounding: both are tested
 // against the reference.
-bool route_is_gemm(CudaState& s, const std::string& forced, const std::string& key,
+bool route_is_gemm(CudaState& s, const std::string& forced, const std::function<std::string()>& key,
                    const std::function<void(bool gemm)>& run);
 // The route environment variable `name` forces: auto (unset), kernels or gemm; anything else is an Error.
 std::string forced_route(const char* name);

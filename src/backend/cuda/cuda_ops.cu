@@ -926,9 +926,10 @@ std::string cuda::forced_route(const char* name) {
   return route;
 }
 
-bool cuda::route_is_gemm(CudaState& st, const std::string& forced, const std::string& key,
+bool cuda::route_is_gemm(CudaState& st, const std::string& forced, const std::function<std::string()>& shape_key,
                          const std::function<void(bool gemm)>& run) {
   if (forced != "auto") return forced == "gemm";
+  const std::string key = shape_key();
   auto known = st.routes.find(key);
   if (known != st.routes.end()) return known->second.gemm;
   CudaState::RouteTiming timing;
@@ -959,13 +960,13 @@ bool cuda::route_is_gemm(CudaState& st, const std::string& forced, const std::st
 static bool attention_by_gemm(CudaState& st, const AttentionShape& s, bool backward,
                               const std::function<void(bool gemm)>& run) {
   static const std::string forced = cuda::forced_route("MESHTUNE_CUDA_ATTENTION");
-  if (forced != "auto") return forced == "gemm";
-  const std::string key = std::string("attention ") + (backward ? "backward" : "forward") +
-                          " B=" + std::to_string(s.batch) + " T=" + std::to_string(s.query_len) +
-                          " S=" + std::to_string(s.capacity) + " N=" + std::to_string(s.heads) +
-                          " K=" + std::to_string(s.kv_heads) + " H=" + std::to_string(s.head_dim) +
-                          " window=" + std::to_string(s.window) + " cap=" + std::to_string(s.soft_cap > 0) +
-                          " bf16=" + std::to_string(s.bf16_products);
+  const auto key = [&] {
+    return std::string("attention ") + (backward ? "backward" : "forward") + " B=" + std::to_string(s.batch) +
+           " T=" + std::to_string(s.query_len) + " S=" + std::to_string(s.capacity) +
+           " N=" + std::to_string(s.heads) + " K=" + std::to_string(s.kv_heads) + " H=" + std::to_string(s.head_dim) +
+           " window=" + std::to_string(s.window) + " cap=" + std::to_string(s.soft_cap > 0) +
+           " bf16=" + std::to_string(s.bf16_products);
+  };
   return cuda::route_is_gemm(st, forced, key, run);
 }
 
