@@ -385,18 +385,22 @@ std::vector<OpCase> attention_bf16_cases() {
 
 std::vector<OpCase> activation_cases() {
   std::vector<OpCase> cases;
-  for (int64_t n : {int64_t(37), int64_t(5000)}) {
+  // The last case starts one value into its arrays: not 16-byte aligned, which GPU kernels reading four
+  // values at a time must handle value by value.
+  for (auto [n, offset] : {std::pair<int64_t, int64_t>{37, 0}, {5000, 0}, {5001, 1}}) {
     OpCase g;
-    g.name = "geglu_" + std::to_string(n);
+    g.name = "geglu_" + std::to_string(n) + (offset ? "_unaligned" : "");
     g.make_inputs = [n] { return Inputs{random_vector(size_t(n), 15, 2.f), random_vector(size_t(n), 16)}; };
-    g.forward = [n](Backend& b, Inputs& in) {
-      FloatBuffer gate = put(b, in[0]);
-      b.geglu(gate, put(b, in[1]), n);
+    const auto view = [offset, n](auto& buffer) { return buffer.span().part(size_t(offset), size_t(n - offset)); };
+    g.forward = [n, offset, view](Backend& b, Inputs& in) {
+      FloatBuffer gate = put(b, in[0]), up = put(b, in[1]);
+      b.geglu(view(gate), view(up), n - offset);
       return Inputs{get(b, gate)};
     };
-    g.backward = [n](Backend& b, Inputs& in, const Values& dy) {
-      FloatBuffer dgate = put(b, zeros(n)), dup = put(b, zeros(n));
-      b.geglu_backward(put(b, in[0]), put(b, in[1]), put(b, dy), n, dgate, dup);
+    g.backward = [n, offset, view](Backend& b, Inputs& in, const Values& dy) {
+      FloatBuffer dgate = put(b, zeros(n)), dup = put(b, zeros(n)), gate = put(b, in[0]), up = put(b, in[1]),
+                  dout = put(b, dy);
+      b.geglu_backward(view(gate), view(up), view(dout), n - offset, view(dgate), view(dup));
       return Inputs{get(b, dgate), get(b, dup)};
     };
     if (n < 100) g.differentiable = {0, 1};
@@ -555,6 +559,7 @@ std::vector<OpCase> data_movement_cases() {
     b.copy(x, n, copied);
     b.zero(zeroed, n - 1);  // all but the last
     b.add_into(copied, zeroed, n);
+    b.add_into(copied.span().part(1, size_t(n - 2)), x.span().part(2, size_t(n - 2)), n - 2);  // unaligned views
     b.scale(copied, n, 0.37f);
     b.narrow_to_bf16(copied, n, narrow);
     b.widen_bf16(narrow, n, widened);
@@ -665,10 +670,19 @@ const std::vector<OpCase>& registry() {
       for (OpCase& c : more) all.push_back(std::move(c));
     };
     add(linear_cases());
+    // Sums long enough that the CUDA backend cuts them into chunks: x·A over 601 columns (two chunks,
+    // the last shorter), ∂A over 530 rows, ∂B over 530 · 3 rows; fp32 sums of 1590 terms against the
+    // reference's double ones.
+    OpCase long_sums =
+        low_rank_case("low_rank_long_sums_accumulating",
+                      LowRankViews{.M = 530, .in = 601, .groups = 3, .per_group = 10, .rank = 2, .keras_layout = true},
+                      true);
+    long_sums.tolerance = 4e-4;
     add({low_rank_case("low_rank", LowRankViews{}, false),
          low_rank_case("low_rank_keras_layout_accumulating",
                        LowRankViews{.M = 70, .in = 40, .groups = 4, .per_group = 24, .rank = 4, .keras_layout = true},
-                       true)});
+                       true),
+         std::move(long_sums)});
     add(norm_cases());
     add({rope_case(5, 3, 1, 8, 10000.f, 1.f, 0.35f), rope_case(4, 2, 2, 6, 1e6f, 8.f, 0.125f)});
     add(attention_cases());

@@ -455,14 +455,57 @@ void CudaBackend::linear_backward_weight_impl(const float* dy, const float* x, i
 // As the CPU does it (backend/cpu/low_rank.cpp), through cuBLAS in fp32: the factors gathered into
 // contiguous matrices — a [in, R] with a(i, g·r + j) = A_g(i, j), R = groups·rank; b [r, og] —, then
 // x·A of every group is one product and the products with B one product batched over the groups.
+//
+// Three of the products have long sums and small outputs: x·a (over the input width), ∂A (over the
+// rows) and ∂B (over rows × groups). As one cuBLAS product each, such a shape has few output tiles
+// and so runs on a few of the GPU's multiprocessors: x·a of the 7B query at 2048 rows is 16 tiles of
+// 128 × 128 on an H200's 132, ∂B 1 or 2. So their sums are cut into chunks (SplitSum), one
+// strided-batched product writes each chunk's partial sums, and a kernel adds the chunks in order
+// (the same result on every run).
 
 namespace {
 
-constexpr int kFactorScratch = 0, kFactorGradientScratch = 1, kDownScratch = 2, kBackScratch = 3;
+constexpr int kFactorScratch = 0, kPartialScratch = 1, kDownScratch = 2, kBackScratch = 3;
 
-// Where b starts after a in a scratch block of both: a's floats rounded up to 256 bytes.
-int64_t factor_b_offset(const LowRankTerm& t) { return (t.in * t.groups * t.rank + 63) / 64 * 64; }
-size_t factor_bytes(const LowRankTerm& t) { return size_t(factor_b_offset(t) + t.rank * t.out_per_group) * 4; }
+// Chunks enough for about kSplitTiles output tiles of 128 × 128 in all, each of at least kMinChunk terms.
+constexpr int64_t kSplitTiles = 512, kMinChunk = 256;
+struct SplitSum {
+  int64_t chunks = 1, length = 0;  // terms per chunk; the last chunk may have fewer
+};
+SplitSum split_sum(int64_t rows, int64_t cols, int64_t terms) {
+  const int64_t tiles = ((rows + 127) / 128) * ((cols + 127) / 128);
+  const int64_t wanted = std::max<int64_t>(1, std::min((kSplitTiles + tiles - 1) / tiles, terms / kMinChunk));
+  const int64_t length = (terms + wanted - 1) / wanted;
+  return {(terms + length - 1) / length, length};
+}
+
+// out[c] = alpha·op(A)·op(B) over the terms [c·length, (c + 1)·length) of the sum, for each chunk c:
+// row-major [M, N] blocks one after another (cuda::sgemm's arguments). One chunk is one plain product.
+void chunked_product(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float* A, int64_t lda, const float* B, int64_t ldb, const SplitSum& split, float* out,
+                     const char* op) {
+  const int64_t step_a = transpose_a ? lda : 1, step_b = transpose_b ? 1 : ldb;  // from one term to the next
+  const int64_t length = split.length, whole = K / length;
+  if (whole > 0)
+    cuda::sgemm(s, transpose_a, transpose_b, M, N, length, alpha, A, lda, B, ldb, 0.f, out, N, op,
+                {.count = whole, .stride_a = length * step_a, .stride_b = length * step_b, .stride_c = M * N});
+  if (whole < split.chunks)  // the shorter last chunk
+    cuda::sgemm(s, transpose_a, transpose_b, M, N, K - whole * length, alpha, A + whole * length * step_a, lda,
+                B + whole * length * step_b, ldb, 0.f, out + whole * M * N, N, op);
+}
+
+// Σ_c partial[c·n + i], in chunk order.
+__device__ inline float chunk_sum(const float* partial, int64_t chunks, int64_t n, int64_t i) {
+  float total = partial[i];
+  for (int64_t c = 1; c < chunks; ++c) total += partial[c * n + i];
+  return total;
+}
+__global__ void sum_chunks_kernel(const float* partial, int64_t chunks, int64_t n, float* out) {
+  FOR_EACH_INDEX(i, n) out[i] = chunk_sum(partial, chunks, n, i);
+}
+
+// Where the partial sums of ∂B start after ∂A's in one scratch block: rounded up to 256 bytes.
+int64_t rounded_to_64(int64_t floats) { return (floats + 63) / 64 * 64; }
 
 // The gathered factors' values — a's in·R, then b's r·og — and element e's place in the term's
 // strided A or B: one mapping for gathering the factors and for adding their gradients back.
@@ -492,12 +535,15 @@ __global__ void gather_factors_kernel(LowRankTerm t, float* a, float* b) {
   }
 }
 
-// ∂A_g(i, j) += ga(i, g·r + j) and ∂B(j, o) += gb(j, o), for the factors the term trains.
-__global__ void add_factor_gradients_kernel(LowRankTerm t, const float* ga, const float* gb) {
+// ∂A_g(i, j) += ga(i, g·r + j) and ∂B(j, o) += gb(j, o), for the factors the term trains; ga and gb
+// are the chunks' partial sums.
+__global__ void add_factor_gradients_kernel(LowRankTerm t, const float* ga, int64_t chunks_a, const float* gb,
+                                            int64_t chunks_b) {
+  const int64_t na = t.in * t.groups * t.rank, nb = t.rank * t.out_per_group;
   FOR_EACH_INDEX(e, factor_elements(t)) {
     const FactorElement x = factor_element(t, e);
-    if (x.of_a && t.grad_a) t.grad_a[x.strided] += ga[x.packed];
-    if (!x.of_a && t.grad_b) t.grad_b[x.strided] += gb[x.packed];
+    if (x.of_a && t.grad_a) t.grad_a[x.strided] += chunk_sum(ga, chunks_a, na, x.packed);
+    if (!x.of_a && t.grad_b) t.grad_b[x.strided] += chunk_sum(gb, chunks_b, nb, x.packed);
   }
 }
 
@@ -507,17 +553,22 @@ struct Factors {
 };
 
 Factors gather_factors(CudaState& s, const LowRankTerm& t) {
-  auto* a = static_cast<float*>(s.scratch_for(kFactorScratch, factor_bytes(t)));
-  float* b = a + factor_b_offset(t);
+  auto* a = static_cast<float*>(s.scratch_for(kFactorScratch, size_t(factor_elements(t) + 64) * 4));
+  float* b = a + rounded_to_64(t.in * t.groups * t.rank);
   gather_factors_kernel<<<blocks_for(factor_elements(t)), kThreads, 0, s.stream>>>(t, a, b);
   check_launch("low_rank (gather the factors)");
   return {a, b};
 }
 
-// u[M, R] = x[M, in] · a (all groups at once).
+// u[M, R] = x[M, in] · a (all groups at once), its sum over the input width in chunks.
 void project_down(CudaState& s, const float* x, int64_t M, const LowRankTerm& t, const Factors& f, float* u) {
   const int64_t R = t.groups * t.rank;
-  cuda::sgemm(s, false, false, M, R, t.in, 1.f, x, t.in, f.a, R, 0.f, u, R, "low_rank");
+  const SplitSum split = split_sum(M, R, t.in);
+  if (split.chunks == 1) return chunked_product(s, false, false, M, R, t.in, 1.f, x, t.in, f.a, R, split, u, "low_rank");
+  auto* partial = static_cast<float*>(s.scratch_for(kPartialScratch, size_t(split.chunks * M * R) * 4));
+  chunked_product(s, false, false, M, R, t.in, 1.f, x, t.in, f.a, R, split, partial, "low_rank");
+  sum_chunks_kernel<<<blocks_for(M * R), kThreads, 0, s.stream>>>(partial, split.chunks, M * R, u);
+  check_launch("low_rank (add the chunks of x·A)");
 }
 
 }  // namespace
@@ -547,18 +598,24 @@ void CudaBackend::low_rank_backward_impl(const float* x, const float* dy, int64_
   // dx[M, in] += scale · v · aᵀ
   if (dx) cuda::sgemm(s, false, true, M, t.in, R, t.scale, v, R, f.a, R, 1.f, dx, t.in, "low_rank_backward");
   if (!t.grad_a && !t.grad_b) return;
-  auto* ga = static_cast<float*>(s.scratch_for(kFactorGradientScratch, factor_bytes(t)));
-  float* gb = ga + factor_b_offset(t);
-  // ∂A [in, R] = scale · xᵀ · v
-  if (t.grad_a) cuda::sgemm(s, true, false, t.in, R, M, t.scale, x, t.in, v, R, 0.f, ga, R, "low_rank_backward");
-  // ∂B [r, og] = scale · Σ_m Σ_g u[m, g·r + j] · dy[m, g·og + o] with u = x · a: one product over the
-  // M·G rows of u as [M·G, r] and of dy as [M·G, og].
+  // u = x · a for ∂B, first: its chunks use the partial sums' scratch that ∂A and ∂B then take.
+  float* u = nullptr;
   if (t.grad_b) {
-    auto* u = static_cast<float*>(s.scratch_for(kDownScratch, size_t(M * R) * 4));
+    u = static_cast<float*>(s.scratch_for(kDownScratch, size_t(M * R) * 4));
     project_down(s, x, M, t, f, u);
-    cuda::sgemm(s, true, false, r, og, M * t.groups, t.scale, u, r, dy, og, 0.f, gb, og, "low_rank_backward");
   }
-  add_factor_gradients_kernel<<<blocks_for(factor_elements(t)), kThreads, 0, s.stream>>>(t, ga, gb);
+  const SplitSum split_a = split_sum(t.in, R, M), split_b = split_sum(r, og, M * t.groups);
+  const int64_t a_floats = rounded_to_64(split_a.chunks * t.in * R);
+  auto* ga = static_cast<float*>(s.scratch_for(kPartialScratch, size_t(a_floats + split_b.chunks * r * og) * 4));
+  float* gb = ga + a_floats;
+  // ∂A [in, R] = scale · xᵀ · v
+  if (t.grad_a) chunked_product(s, true, false, t.in, R, M, t.scale, x, t.in, v, R, split_a, ga, "low_rank_backward");
+  // ∂B [r, og] = scale · Σ_m Σ_g u[m, g·r + j] · dy[m, g·og + o]: one product over the M·G rows of u
+  // as [M·G, r] and of dy as [M·G, og].
+  if (t.grad_b)
+    chunked_product(s, true, false, r, og, M * t.groups, t.scale, u, r, dy, og, split_b, gb, "low_rank_backward");
+  add_factor_gradients_kernel<<<blocks_for(factor_elements(t)), kThreads, 0, s.stream>>>(t, ga, split_a.chunks, gb,
+                                                                                        split_b.chunks);
   check_launch("low_rank_backward (add the factors' gradients)");
 }
 

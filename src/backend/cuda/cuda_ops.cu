@@ -438,19 +438,50 @@ __global__ void score_softmax_backward_kernel(const float* probs, const uint16_t
 // twice the time of their bytes).
 __device__ float gelu_sigmoid(float u) { return 1.f / (1.f + expf(gelu_sigmoid_exponent(u))); }
 
+// Four values a thread where the arrays are 16-byte aligned (cuda_common.cuh's quads): one value a
+// thread ran at about half the H200's bandwidth (stop 36: 1.1 ms and 1.9 ms, above).
+__device__ float geglu_value(float u, float w) { return u * gelu_sigmoid(u) * w; }
+__device__ float4 geglu_values(float4 u, float4 w) {
+  return {geglu_value(u.x, w.x), geglu_value(u.y, w.y), geglu_value(u.z, w.z), geglu_value(u.w, w.w)};
+}
 __global__ void geglu_kernel(float* gate, const float* up, int64_t n) {
-  FOR_EACH_INDEX(i, n) {
-    const float u = gate[i];
-    gate[i] = u * gelu_sigmoid(u) * up[i];
+  const int64_t whole = aligned_to(gate, 16) && aligned_to(up, 16) ? n / 4 : 0;
+  FOR_EACH_INDEX(i, whole) {
+    auto* quad = reinterpret_cast<float4*>(gate);
+    quad[i] = geglu_values(quad[i], reinterpret_cast<const float4*>(up)[i]);
   }
+  FOR_EACH_INDEX(i, n - 4 * whole) {
+    const int64_t e = 4 * whole + i;
+    gate[e] = geglu_value(gate[e], up[e]);
+  }
+}
+
+// ∂gate and ∂up of one value, given its gate u, up w and output gradient g.
+struct GegluGradient {
+  float gate, up;
+};
+__device__ GegluGradient geglu_gradient(float u, float w, float g) {
+  const float s = gelu_sigmoid(u);
+  return {g * w * gelu_slope(u, s), g * (u * s)};
 }
 __global__ void geglu_backward_kernel(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                                       float* dup) {
-  FOR_EACH_INDEX(i, n) {
-    const float u = gate[i], g = dout[i], w = up[i];  // read first: the outputs may alias the inputs
-    const float s = gelu_sigmoid(u);
-    dgate[i] = g * w * gelu_slope(u, s);
-    dup[i] = g * (u * s);
+  const bool aligned = aligned_to(gate, 16) && aligned_to(up, 16) && aligned_to(dout, 16) && aligned_to(dgate, 16) &&
+                       aligned_to(dup, 16);
+  const int64_t whole = aligned ? n / 4 : 0;
+  FOR_EACH_INDEX(i, whole) {  // read first: the outputs may alias the inputs
+    const float4 u = reinterpret_cast<const float4*>(gate)[i], w = reinterpret_cast<const float4*>(up)[i],
+                 g = reinterpret_cast<const float4*>(dout)[i];
+    const GegluGradient x = geglu_gradient(u.x, w.x, g.x), y = geglu_gradient(u.y, w.y, g.y),
+                        z = geglu_gradient(u.z, w.z, g.z), v = geglu_gradient(u.w, w.w, g.w);
+    reinterpret_cast<float4*>(dgate)[i] = {x.gate, y.gate, z.gate, v.gate};
+    reinterpret_cast<float4*>(dup)[i] = {x.up, y.up, z.up, v.up};
+  }
+  FOR_EACH_INDEX(i, n - 4 * whole) {
+    const int64_t e = 4 * whole + i;
+    const GegluGradient d = geglu_gradient(gate[e], up[e], dout[e]);
+    dgate[e] = d.gate;
+    dup[e] = d.up;
   }
 }
 __global__ void soft_cap_kernel(float* x, int64_t n, float cap) {
@@ -629,7 +660,15 @@ void zero_floats(CudaState& st, float* x, int64_t n) {
   zero_kernel<<<blocks_for(quads(n)), kThreads, 0, st.stream>>>(x, n);
   check_launch("zero");
 }
-__global__ void add_into_kernel(float* x, const float* y, int64_t n) { FOR_EACH_INDEX(i, n) x[i] += y[i]; }
+__global__ void add_into_kernel(float* x, const float* y, int64_t n) {
+  const int64_t whole = aligned_to(x, 16) && aligned_to(y, 16) ? n / 4 : 0;
+  FOR_EACH_INDEX(i, whole) {
+    float4& a = reinterpret_cast<float4*>(x)[i];
+    const float4 b = reinterpret_cast<const float4*>(y)[i];
+    a = {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w};
+  }
+  FOR_EACH_INDEX(i, n - 4 * whole) x[4 * whole + i] += y[4 * whole + i];
+}
 __global__ void scale_kernel(float* x, int64_t n, float factor) { FOR_EACH_INDEX(i, n) x[i] *= factor; }
 
 // ---- optimizer and clipping ----
@@ -1006,12 +1045,12 @@ std::vector<std::string> CudaBackend::routes() const {
 }
 
 void CudaBackend::geglu_impl(float* gate, const float* up, int64_t n) {
-  geglu_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(gate, up, n);
+  geglu_kernel<<<blocks_for(quads(n)), kThreads, 0, state_->stream>>>(gate, up, n);
   check_launch("geglu");
 }
 void CudaBackend::geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                                       float* dup) {
-  geglu_backward_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(gate, up, dout, n, dgate, dup);
+  geglu_backward_kernel<<<blocks_for(quads(n)), kThreads, 0, state_->stream>>>(gate, up, dout, n, dgate, dup);
   check_launch("geglu_backward");
 }
 void CudaBackend::soft_cap_impl(float* x, int64_t n, float cap) {
@@ -1095,7 +1134,7 @@ void CudaBackend::zero_impl(float* x, int64_t n) {
   zero_floats(*state_, x, n);
 }
 void CudaBackend::add_into_impl(float* x, const float* y, int64_t n) {
-  add_into_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, y, n);
+  add_into_kernel<<<blocks_for(quads(n)), kThreads, 0, state_->stream>>>(x, y, n);
   check_launch("add_into");
 }
 void CudaBackend::scale_impl(float* x, int64_t n, float factor) {
