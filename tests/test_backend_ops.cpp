@@ -385,17 +385,19 @@ std::vector<OpCase> attention_bf16_cases() {
 
 std::vector<OpCase> activation_cases() {
   std::vector<OpCase> cases;
-  // The last case starts one value into its arrays: not 16-byte aligned, which GPU kernels reading four
-  // values at a time must handle value by value.
+  // The first case runs in place (out = gate, as inference does); the last starts one value into its
+  // arrays: not 16-byte aligned, which GPU kernels reading four values at a time must handle value by
+  // value.
   for (auto [n, offset] : {std::pair<int64_t, int64_t>{37, 0}, {5000, 0}, {5001, 1}}) {
     OpCase g;
     g.name = "geglu_" + std::to_string(n) + (offset ? "_unaligned" : "");
     g.make_inputs = [n] { return Inputs{random_vector(size_t(n), 15, 2.f), random_vector(size_t(n), 16)}; };
     const auto view = [offset, n](auto& buffer) { return buffer.span().part(size_t(offset), size_t(n - offset)); };
     g.forward = [n, offset, view](Backend& b, Inputs& in) {
-      FloatBuffer gate = put(b, in[0]), up = put(b, in[1]);
-      b.geglu(view(gate), view(up), n - offset);
-      return Inputs{get(b, gate)};
+      FloatBuffer gate = put(b, in[0]), up = put(b, in[1]), out = put(b, zeros(n));
+      FloatBuffer& result = n == 37 ? gate : out;
+      b.geglu(view(gate), view(up), n - offset, view(result));
+      return Inputs{get(b, result)};
     };
     g.backward = [n, offset, view](Backend& b, Inputs& in, const Values& dy) {
       FloatBuffer dgate = put(b, zeros(n)), dup = put(b, zeros(n)), gate = put(b, in[0]), up = put(b, in[1]),

@@ -100,7 +100,7 @@ TEST_P(VectorOps, GegluAndBackward) {
     if (n > 4) gate[0] = 30.f, gate[1] = -30.f, gate[2] = 1e4f, gate[3] = -1e4f;  // the tails of the GELU
     const auto up = random_vector(size_t(n), 7), dout = random_vector(size_t(n), 8);
     std::vector<float> out = gate;
-    ops().geglu(out.data(), up.data(), n);
+    ops().geglu(out.data(), up.data(), n, out.data());  // in place, as inference runs it
     std::vector<float> dgate(static_cast<size_t>(n)), dup(static_cast<size_t>(n));
     ops().geglu_backward(gate.data(), up.data(), dout.data(), n, dgate.data(), dup.data());
     for (int64_t i = 0; i < n; ++i) {

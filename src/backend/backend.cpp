@@ -270,10 +270,11 @@ void Backend::attention_backward(ConstFloats q, ConstFloats k, ConstFloats v, Sp
   attention_backward_impl(q.data, k.data, v.data, key_valid.data, s, dout.data, dq.data, dk.data, dv.data);
 }
 
-void Backend::geglu(Floats gate, ConstFloats up, int64_t n) {
+void Backend::geglu(ConstFloats gate, ConstFloats up, int64_t n, Floats out) {
   need(*this, gate, n, "geglu", "gate");
   need(*this, up, n, "geglu", "up");
-  geglu_impl(gate.data, up.data, n);
+  need(*this, out, n, "geglu", "out");
+  geglu_impl(gate.data, up.data, n, out.data);
 }
 
 void Backend::geglu_backward(ConstFloats gate, ConstFloats up, ConstFloats dout, int64_t n, Floats dgate,

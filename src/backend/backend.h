@@ -115,8 +115,8 @@ class Backend : public Allocator {
                  Floats out);
   void attention_backward(ConstFloats q, ConstFloats k, ConstFloats v, Span<const uint8_t> key_valid,
                           const AttentionShape& s, ConstFloats dout, Floats dq, Floats dk, Floats dv);
-  // gate = gelu_tanh(gate)·up over n; backward gives dgate, dup.
-  void geglu(Floats gate, ConstFloats up, int64_t n);
+  // out = gelu_tanh(gate)·up over n (out may be gate); backward gives dgate, dup.
+  void geglu(ConstFloats gate, ConstFloats up, int64_t n, Floats out);
   void geglu_backward(ConstFloats gate, ConstFloats up, ConstFloats dout, int64_t n, Floats dgate, Floats dup);
   // x = cap·tanh(x/cap); backward from the capped y: dy ·= 1 − (y/cap)².
   void soft_cap(Floats x, int64_t n, float cap);
@@ -210,7 +210,7 @@ class Backend : public Allocator {
   virtual void attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                                        const AttentionShape& s, const float* dout, float* dq, float* dk,
                                        float* dv) = 0;
-  virtual void geglu_impl(float* gate, const float* up, int64_t n) = 0;
+  virtual void geglu_impl(const float* gate, const float* up, int64_t n, float* out) = 0;
   virtual void geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                                    float* dup) = 0;
   virtual void soft_cap_impl(float* x, int64_t n, float cap) = 0;

@@ -165,7 +165,9 @@ void CpuBackend::attention_backward_impl(const float* q, const float* k, const f
                                          const AttentionShape& s, const float* dout, float* dq, float* dk, float* dv) {
   meshtune::attention_backward(path_, q, k, v, key_valid, s, dout, dq, dk, dv);
 }
-void CpuBackend::geglu_impl(float* gate, const float* up, int64_t n) { meshtune::geglu(path_, gate, up, n); }
+void CpuBackend::geglu_impl(const float* gate, const float* up, int64_t n, float* out) {
+  meshtune::geglu(path_, gate, up, n, out);
+}
 void CpuBackend::geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                                      float* dup) {
   meshtune::geglu_backward(path_, gate, up, dout, n, dgate, dup);

@@ -304,8 +304,8 @@ static double gelu_slope(double u) {
   return 0.5 * (1.0 + th) + 0.5 * u * (1.0 - th * th) * std::sqrt(2.0 / M_PI) * (1.0 + 3.0 * 0.044715 * u * u);
 }
 
-void ReferenceBackend::geglu_impl(float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) gate[i] = float(gelu(gate[i]) * up[i]);
+void ReferenceBackend::geglu_impl(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = float(gelu(gate[i]) * up[i]);
 }
 
 void ReferenceBackend::geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n,

@@ -47,7 +47,7 @@ class ReferenceBackend final : public Backend {
                       const AttentionShape& s, float* out) override;
   void attention_backward_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
                                const AttentionShape& s, const float* dout, float* dq, float* dk, float* dv) override;
-  void geglu_impl(float* gate, const float* up, int64_t n) override;
+  void geglu_impl(const float* gate, const float* up, int64_t n, float* out) override;
   void geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                            float* dup) override;
   void soft_cap_impl(float* x, int64_t n, float cap) override;

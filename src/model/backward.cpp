@@ -61,8 +61,7 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
   ConstFloats activated;
   if (g.ffw_linear || model.low_rank_term(layer, Slot::FfwLinear).active()) {
     FloatBuffer& act = sized(ws.activated, M * F);
-    b.copy(a.gate, M * F, act);
-    b.geglu(act, a.up, M * F);
+    b.geglu(a.gate, a.up, M * F, act);
     activated = act;
   }
   project_backward(ctx, model, layer, Slot::FfwLinear, activated, d_branch, M, w.ffw_linear, d_activated, false,

@@ -219,8 +219,8 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
   project(ctx, model, layer, a.ffw_normed, M,
           {{Slot::FfwGating, w.ffw_gating, a.gate}, {Slot::FfwGating2, w.ffw_gating_2, a.up}});
   FloatBuffer& activated = for_backward ? s.activated : a.gate;  // backward needs gate itself
-  if (for_backward) copy(a.gate, M * F, activated);
-  b.geglu(activated, a.up, M * F);
+  if (for_backward) buffer(activated, M * F);
+  b.geglu(a.gate, a.up, M * F, activated);
   project(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, a.ffw_projected}});
   ctx.tensor_parallel.sum_partials(a.ffw_projected);  // Σ over width
   b.add_into(x, joining(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm), M * D);

@@ -5,11 +5,11 @@
 
 namespace meshtune {
 
-void geglu(const KernelPath& path, float* gate, const float* up, int64_t n) {
+void geglu(const KernelPath& path, const float* gate, const float* up, int64_t n, float* out) {
   const cpu::VectorOps& ops = path.ops();
 #pragma omp parallel for schedule(static) if (n > 4 * cpu::kElementsPerCall)
   for (int64_t begin = 0; begin < n; begin += cpu::kElementsPerCall)
-    ops.geglu(gate + begin, up + begin, std::min(cpu::kElementsPerCall, n - begin));
+    ops.geglu(gate + begin, up + begin, std::min(cpu::kElementsPerCall, n - begin), out + begin);
 }
 
 void soft_cap(float* x, int64_t n, float cap) {

@@ -8,8 +8,8 @@
 namespace meshtune {
 
 // gelu_tanh(u) = 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³)))  (Keras gelu(approximate=True)).
-// GeGLU: gate[i] = gelu_tanh(gate[i]) · up[i], in place on gate, n elements.
-void geglu(const KernelPath& path, float* gate, const float* up, int64_t n);
+// GeGLU: out[i] = gelu_tanh(gate[i]) · up[i], n elements (out may be gate).
+void geglu(const KernelPath& path, const float* gate, const float* up, int64_t n, float* out);
 
 // Soft-cap: x = tanh(x / cap) · cap, in place (Gemma 2 attention logits and final logits).
 void soft_cap(float* x, int64_t n, float cap);

@@ -444,15 +444,15 @@ __device__ float geglu_value(float u, float w) { return u * gelu_sigmoid(u) * w;
 __device__ float4 geglu_values(float4 u, float4 w) {
   return {geglu_value(u.x, w.x), geglu_value(u.y, w.y), geglu_value(u.z, w.z), geglu_value(u.w, w.w)};
 }
-__global__ void geglu_kernel(float* gate, const float* up, int64_t n) {
-  const int64_t whole = aligned_to(gate, 16) && aligned_to(up, 16) ? n / 4 : 0;
+__global__ void geglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  const int64_t whole = aligned_to(gate, 16) && aligned_to(up, 16) && aligned_to(out, 16) ? n / 4 : 0;
   FOR_EACH_INDEX(i, whole) {
-    auto* quad = reinterpret_cast<float4*>(gate);
-    quad[i] = geglu_values(quad[i], reinterpret_cast<const float4*>(up)[i]);
+    reinterpret_cast<float4*>(out)[i] =
+        geglu_values(reinterpret_cast<const float4*>(gate)[i], reinterpret_cast<const float4*>(up)[i]);
   }
   FOR_EACH_INDEX(i, n - 4 * whole) {
     const int64_t e = 4 * whole + i;
-    gate[e] = geglu_value(gate[e], up[e]);
+    out[e] = geglu_value(gate[e], up[e]);
   }
 }
 
@@ -1044,8 +1044,8 @@ std::vector<std::string> CudaBackend::routes() const {
   return lines;
 }
 
-void CudaBackend::geglu_impl(float* gate, const float* up, int64_t n) {
-  geglu_kernel<<<blocks_for(quads(n)), kThreads, 0, state_->stream>>>(gate, up, n);
+void CudaBackend::geglu_impl(const float* gate, const float* up, int64_t n, float* out) {
+  geglu_kernel<<<blocks_for(quads(n)), kThreads, 0, state_->stream>>>(gate, up, n, out);
   check_launch("geglu");
 }
 void CudaBackend::geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,

@@ -23,7 +23,7 @@ struct VectorOps {
   void (*rmsnorm_backward_row)(const float* x, const float* scale, int64_t n, float eps, const float* dy,
                                float* dx, float* dscale);
   // gate = gelu_tanh(gate)·up, and its backward (outputs may alias inputs).
-  void (*geglu)(float* gate, const float* up, int64_t n);
+  void (*geglu)(const float* gate, const float* up, int64_t n, float* out);
   void (*geglu_backward)(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                          float* dup);
   // RoPE on one head, v = [x1 | x2] of 2·half: x1·cos − x2·sin, x2·cos + x1·sin.

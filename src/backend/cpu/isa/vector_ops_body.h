@@ -71,8 +71,8 @@ inline float exp_approx(float x) {
 // σ(2a) of gelu_tanh(u) = u·σ(2a) (core/scalar_math.h, shared with the GPU's kernels).
 inline float gelu_sigmoid(float u) { return 1.f / (1.f + exp_approx(gelu_sigmoid_exponent(u))); }
 
-void geglu(float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) gate[i] = gate[i] * gelu_sigmoid(gate[i]) * up[i];
+void geglu(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] * gelu_sigmoid(gate[i]) * up[i];
 }
 
 void geglu_backward(const float* gate, const float* up, const float* dout, int64_t n, float* dgate, float* dup) {
