@@ -155,12 +155,17 @@ AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64
   return shape;
 }
 
-// One decoder block, in place on the residual stream x [M = B·T, D]; `a` receives the block's
-// intermediate values — all of them when the caller keeps them for backward (`for_backward`);
-// otherwise the residual stream's copies (input, mid) are not made and GeGLU runs in place on `gate`.
-static void decoder_block(const Context& ctx, const GemmaModel& model, const DecoderLayerWeights& w, int layer,
-                          FloatBuffer& x, Span<const int64_t> positions, int64_t B, int64_t T, int64_t start,
-                          KVCache& cache, BlockActivations& a, BlockScratch& s, bool for_backward) {
+// One decoder block on the residual stream x [M = B·T, D]; `a` receives the block's intermediate
+// values — all of them when the caller keeps them for backward (`for_backward`); otherwise the
+// residual stream's copies (input, mid) are not made and GeGLU runs in place on `gate`. The block
+// starts by adding `pending` (the previous block's feed-forward branch, or nothing) into x, in one
+// op with its first norm, and returns its own feed-forward branch for the caller to add — into the
+// next block's first norm, or the final one: one launch fewer per block on a GPU. What it returns
+// lives in `a` or `s` until the next block's first op has read it.
+static ConstFloats decoder_block(const Context& ctx, const GemmaModel& model, const DecoderLayerWeights& w, int layer,
+                                 FloatBuffer& x, ConstFloats pending, Span<const int64_t> positions, int64_t B,
+                                 int64_t T, int64_t start, KVCache& cache, BlockActivations& a, BlockScratch& s,
+                                 bool for_backward) {
   Backend& b = ctx.backend;
   const GemmaConfig& c = model.config;
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
@@ -179,14 +184,15 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
     b.rmsnorm(branch, post_norm, M, D, eps, s.residual);
     return s.residual;
   };
-  if (for_backward) copy(x, M * D, a.input);
 
   // --- attention ---
   buffer(a.attn_normed, M * D);
   buffer(a.q, M * N * H);
   buffer(a.k, M * K * H);
   buffer(a.v, M * K * H);
-  b.rmsnorm(x, w.pre_attention_norm, M, D, eps, a.attn_normed);
+  if (pending.empty()) b.rmsnorm(x, w.pre_attention_norm, M, D, eps, a.attn_normed);
+  else b.add_rmsnorm(x, pending, w.pre_attention_norm, M, D, eps, a.attn_normed);
+  if (for_backward) copy(x, M * D, a.input);
   project(ctx, model, layer, a.attn_normed, M,
           {{Slot::Query, w.query, a.q}, {Slot::Key, w.key, a.k}, {Slot::Value, w.value, a.v}});
   if (c.use_query_key_norm) {  // Gemma 3: per-head RMSNorm before RoPE
@@ -223,7 +229,7 @@ static void decoder_block(const Context& ctx, const GemmaModel& model, const Dec
   b.geglu(a.gate, a.up, M * F, activated);
   project(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, a.ffw_projected}});
   ctx.tensor_parallel.sum_partials(a.ffw_projected);  // Σ over width
-  b.add_into(x, joining(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm), M * D);
+  return joining(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm);
 }
 
 // The buffers of a block's activations (const or not), in a fixed order (for SavedBlocks' bf16 copies).
@@ -307,20 +313,29 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
   b.scale(x, M * D, embedding_scale);
   if (trace) copy_out(trace->embedding_scaled);
 
+  ConstFloats pending;  // the last block's feed-forward branch, not yet in x
+  const auto join_pending = [&] {
+    if (!pending.empty()) b.add_into(x, pending, M * D);
+    pending = {};
+  };
   for (int layer = 0; layer < c.num_layers; ++layer) {
     BlockActivations& a = saved ? saved->forward_set(layer) : ws.unsaved;
-    decoder_block(ctx, model, model.layer_weights(layer), layer, x, ws.positions, B, T, start, cache, a, ws.scratch,
-                  saved != nullptr);
+    pending = decoder_block(ctx, model, model.layer_weights(layer), layer, x, pending, ws.positions, B, T, start,
+                            cache, a, ws.scratch, saved != nullptr);
     if (saved) saved->keep(layer);
-    if (trace) copy_out(trace->block_outputs.emplace_back());
-  }
-  if (final_norm_input) {
-    b.resize(*final_norm_input, size_t(M * D));
-    b.copy(x, M * D, *final_norm_input);
+    if (trace) {  // the block's output itself
+      join_pending();
+      copy_out(trace->block_outputs.emplace_back());
+    }
   }
   FloatBuffer& hidden = ws.hidden;
   b.resize(hidden, size_t(M * D));
-  b.rmsnorm(x, model.final_norm, M, D, c.layer_norm_epsilon, hidden);
+  if (pending.empty()) b.rmsnorm(x, model.final_norm, M, D, c.layer_norm_epsilon, hidden);
+  else b.add_rmsnorm(x, pending, model.final_norm, M, D, c.layer_norm_epsilon, hidden);
+  if (final_norm_input) {  // x is the last block's output now
+    b.resize(*final_norm_input, size_t(M * D));
+    b.copy(x, M * D, *final_norm_input);
+  }
   return hidden;
 }
 
