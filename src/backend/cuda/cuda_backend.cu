@@ -467,7 +467,8 @@ namespace {
 
 constexpr int kFactorScratch = 0, kPartialScratch = 1, kDownScratch = 2, kBackScratch = 3;
 
-// Chunks enough for about kSplitTiles output tiles of 128 × 128 in all, each of at least kMinChunk terms.
+// Chunks enough for about kSplitTiles output tiles of 128 × 128 in all, each of at least kMinChunk terms,
+// a multiple of 8 (so that a chunk starts 32-byte aligned where its operand's rows do).
 constexpr int64_t kSplitTiles = 512, kMinChunk = 256;
 struct SplitSum {
   int64_t chunks = 1, length = 0;  // terms per chunk; the last chunk may have fewer
@@ -475,7 +476,8 @@ struct SplitSum {
 SplitSum split_sum(int64_t rows, int64_t cols, int64_t terms) {
   const int64_t tiles = ((rows + 127) / 128) * ((cols + 127) / 128);
   const int64_t wanted = std::max<int64_t>(1, std::min((kSplitTiles + tiles - 1) / tiles, terms / kMinChunk));
-  const int64_t length = (terms + wanted - 1) / wanted;
+  if (wanted == 1) return {1, terms};
+  const int64_t length = ((terms + wanted - 1) / wanted + 7) / 8 * 8;
   return {(terms + length - 1) / length, length};
 }
 
