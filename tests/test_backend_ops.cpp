@@ -604,6 +604,31 @@ std::vector<OpCase> data_movement_cases() {
   parts.tolerance = 0;
   cases.push_back(std::move(parts));
 
+  // Parts long enough that the CUDA backend's threads each take several values of the longest (at most
+  // 1024 blocks per array), beside a short one.
+  OpCase long_parts;
+  long_parts.name = "bf16_parts_long";
+  long_parts.make_inputs = [] { return Inputs{random_vector(1500000, 32, 3.f), random_vector(999, 33)}; };
+  long_parts.forward = [](Backend& b, Inputs& in) {
+    std::vector<FloatBuffer> from, widened;
+    std::vector<ConstFloats> from_spans;
+    std::vector<Floats> to;
+    size_t total = 0;
+    for (const Values& part : in) {
+      from.push_back(put(b, part));
+      widened.push_back(put(b, zeros(int64_t(part.size()))));
+      total += part.size();
+    }
+    for (size_t p = 0; p < in.size(); ++p) from_spans.push_back(from[p]), to.push_back(widened[p]);
+    Buffer<uint16_t> packed;
+    b.resize(packed, total);
+    b.narrow_to_bf16(from_spans, packed);
+    b.widen_bf16(packed, to);
+    return Inputs{get(b, widened[0]), get(b, widened[1])};
+  };
+  long_parts.tolerance = 0;
+  cases.push_back(std::move(long_parts));
+
   OpCase adamw;
   adamw.name = "adamw_update";
   adamw.make_inputs = [] {
