@@ -198,32 +198,37 @@ std::vector<OpCase> norm_cases() {
   std::vector<OpCase> cases;
   // Small rows, and enough rows × width to take the threaded path.
   // The model runs backward in place (dx = dy): the last shape again that way, where a backend that
-  // wrote dx before every row's ∂scale was summed would be wrong; and adding into a residual's dx.
-  enum class Dx { Apart, InPlace, Added };
+  // wrote dx before every row's ∂scale was summed would be wrong; and adding into a residual's dx,
+  // with ∂scale (full fine-tuning) and without (a frozen scale: LoRA).
+  enum class Dx { Apart, InPlace, Added, AddedFrozenScale };
   struct NormShape {
     int64_t rows, dim;
     Dx dx;
   };
   for (const NormShape& shape : {NormShape{3, 7, Dx::Apart}, {2, 33, Dx::Apart}, {300, 256, Dx::Apart},
-                                 {300, 256, Dx::InPlace}, {3, 7, Dx::Added}, {300, 256, Dx::Added}}) {
+                                 {300, 256, Dx::InPlace}, {3, 7, Dx::Added}, {300, 256, Dx::Added},
+                                 {3, 7, Dx::AddedFrozenScale}, {300, 256, Dx::AddedFrozenScale}}) {
     const int64_t rows = shape.rows, dim = shape.dim;  // named variables: lambdas capture them
-    const bool in_place = shape.dx == Dx::InPlace, added = shape.dx == Dx::Added;
+    const bool in_place = shape.dx == Dx::InPlace, frozen = shape.dx == Dx::AddedFrozenScale,
+               added = shape.dx == Dx::Added || frozen;
     OpCase c;
-    c.name = std::string(in_place ? "rmsnorm_in_place_" : added ? "rmsnorm_added_" : "rmsnorm_") + std::to_string(rows) +
-             "x" + std::to_string(dim);
+    c.name = std::string(in_place ? "rmsnorm_in_place_" : frozen ? "rmsnorm_added_frozen_scale_" : added ? "rmsnorm_added_"
+                                                                                                     : "rmsnorm_") +
+             std::to_string(rows) + "x" + std::to_string(dim);
     c.make_inputs = [rows, dim] { return Inputs{random_vector(size_t(rows * dim), 9), random_vector(size_t(dim), 10, 0.5f)}; };
     c.forward = [rows, dim](Backend& b, Inputs& in) {
       FloatBuffer y = put(b, zeros(rows * dim));
       b.rmsnorm(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, y);
       return Inputs{get(b, y)};
     };
-    c.backward = [rows, dim, in_place, added](Backend& b, Inputs& in, const Values& dy) {
+    c.backward = [rows, dim, in_place, added, frozen](Backend& b, Inputs& in, const Values& dy) {
       FloatBuffer dx = put(b, in_place ? dy : added ? random_vector(size_t(rows * dim), 12) : zeros(rows * dim)),
                   dscale = put(b, zeros(dim));
       if (in_place)
         b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, dx, dx, dscale);
       else
-        b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, put(b, dy), dx, dscale, added);
+        b.rmsnorm_backward(put(b, in[0]), put(b, in[1]), rows, dim, 1e-6f, put(b, dy), dx,
+                           frozen ? Floats() : Floats(dscale), added);
       return Inputs{get(b, dx), get(b, dscale)};
     };
     // Finite differences on the small ones (not where dx starts from other values).

@@ -83,12 +83,13 @@ __global__ void rmsnorm_inverse_kernel(const float* x, int64_t dim, float eps, d
 }
 
 // n = x·inv, y = n·(1 + s): dn = dy·(1 + s); dx = inv·(dn − n·mean(dn·n)), or dx += that. dx may be
-// dy (not when adding): each value is read before it is written.
-__global__ void rmsnorm_backward_kernel(const float* x, const float* scale, const double* inverse, int64_t dim,
-                                        const float* dy, float* dx, bool accumulate) {
+// dy (not when adding): each value is read before it is written. Without `inverse` (no ∂s to form,
+// which needs every row's) the block finds its row's 1/rms itself.
+__global__ void rmsnorm_backward_kernel(const float* x, const float* scale, const double* inverse, float eps,
+                                        int64_t dim, const float* dy, float* dx, bool accumulate) {
   const int64_t r = blockIdx.x;
   const float* xr = x + r * dim;
-  const double inv = inverse[r];
+  const double inv = inverse ? inverse[r] : row_inverse_rms(xr, dim, eps);
   double dot = 0;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
     dot += double(dy[r * dim + i]) * (1.0 + scale[i]) * double(xr[i]) * inv;
@@ -750,11 +751,14 @@ void CudaBackend::add_rmsnorm_impl(float* x, const float* branch, const float* s
 void CudaBackend::rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
                                         const float* dy, float* dx, float* dscale, bool accumulate) {
   if (rows == 0) return;
-  auto* inv = static_cast<double*>(state_->scratch_for(kRowScratch, size_t(rows) * sizeof(double)));
-  rmsnorm_inverse_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, dim, eps, inv);
-  // ∂s before dx: the model passes dx = dy, and ∂s sums dy over every row.
-  if (dscale) rmsnorm_scale_grad_kernel<<<blocks_for(dim), kThreads, 0, state_->stream>>>(x, dy, inv, rows, dim, dscale);
-  rmsnorm_backward_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, scale, inv, dim, dy, dx, accumulate);
+  double* inv = nullptr;
+  if (dscale) {  // ∂s before dx: the model passes dx = dy, and ∂s sums dy over every row.
+    inv = static_cast<double*>(state_->scratch_for(kRowScratch, size_t(rows) * sizeof(double)));
+    rmsnorm_inverse_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, dim, eps, inv);
+    rmsnorm_scale_grad_kernel<<<blocks_for(dim), kThreads, 0, state_->stream>>>(x, dy, inv, rows, dim, dscale);
+  }
+  rmsnorm_backward_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, scale, inv, eps, dim, dy, dx,
+                                                                           accumulate);
   check_launch("rmsnorm_backward");
 }
 
