@@ -393,7 +393,9 @@ std::vector<OpCase> activation_cases() {
   // The first case runs in place (out = gate, as inference does); the last starts one value into its
   // arrays: not 16-byte aligned, which GPU kernels reading four values at a time must handle value by
   // value.
-  for (auto [n, offset] : {std::pair<int64_t, int64_t>{37, 0}, {5000, 0}, {5001, 1}}) {
+  for (std::pair<int64_t, int64_t> length_offset : {std::pair<int64_t, int64_t>{37, 0}, {5000, 0}, {5001, 1}}) {
+    // Plain variables, not a structured binding: clang 14 cannot capture bindings in lambdas.
+    const int64_t n = length_offset.first, offset = length_offset.second;
     OpCase g;
     g.name = "geglu_" + std::to_string(n) + (offset ? "_unaligned" : "");
     g.make_inputs = [n] { return Inputs{random_vector(size_t(n), 15, 2.f), random_vector(size_t(n), 16)}; };
