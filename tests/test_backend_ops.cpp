@@ -123,6 +123,19 @@ std::vector<OpCase> linear_cases() {
         b.linear(put(b, in[0]), M, {{&W0, y0}, {&W1, y1}, {&W2, y2}}, precision);
         return Inputs{get(b, y0), get(b, y1), get(b, y2)};
       };
+      // dx (+)= Σ dy_i·W_i, each dy_i a different stretch of dy (the first all of it, the others its
+      // last values: no dy_i is another's prefix); at M = 3 added into a dx that holds x.
+      c.backward = [=](Backend& b, Inputs& in, const Values& dy) {
+        const WeightMatrix W0 = b.upload(matrix(rows[0], cols, in[1], DType::F32)),
+                           W1 = b.upload(matrix(rows[1], cols, in[2], DType::BF16)),
+                           W2 = b.upload(matrix(rows[2], cols, in[3], DType::BF16));
+        const auto part = [&](int i) { return put(b, Values(dy.end() - M * rows[i], dy.end())); };
+        const FloatBuffer dy0 = part(0), dy1 = part(1), dy2 = part(2);
+        const bool accumulate = M == 3;
+        FloatBuffer dx = put(b, accumulate ? in[0] : zeros(M * cols));
+        b.linear_backward_input({{&W0, dy0}, {&W1, dy1}, {&W2, dy2}}, M, dx, accumulate, precision);
+        return Inputs{get(b, dx)};
+      };
       c.tolerance = precision == MatmulPrecision::BF16 ? 1e-4 : 1e-5;
       cases.push_back(std::move(c));
     }

@@ -160,6 +160,27 @@ void Backend::linear_backward_input(ConstFloats dy, int64_t M, const WeightMatri
   linear_backward_input_impl(dy.data, M, W, dx.data, accumulate, precision);
 }
 
+void Backend::linear_backward_input(const std::vector<LinearOutputGradient>& gradients, int64_t M, Floats dx,
+                                    bool accumulate, MatmulPrecision precision) {
+  if (gradients.empty()) return;
+  const int64_t cols = gradients[0].W ? gradients[0].W->cols : 0;
+  for (const LinearOutputGradient& g : gradients) {
+    if (g.W == nullptr) fail(name(), " backend: linear_backward_input's weight matrix is missing");
+    need_matrix(*this, *g.W, "linear_backward_input");
+    if (g.W->cols != cols) fail(name(), " backend: linear_backward_input of one input over matrices of ", cols,
+                                " and ", g.W->cols, " columns");
+    need(*this, g.dy, M * g.W->rows, "linear_backward_input", "dy");
+  }
+  need(*this, dx, M * cols, "linear_backward_input", "dx");
+  linear_backward_input_shared_impl(gradients, M, dx.data, accumulate, precision);
+}
+
+void Backend::linear_backward_input_shared_impl(const std::vector<LinearOutputGradient>& gradients, int64_t M,
+                                                float* dx, bool accumulate, MatmulPrecision precision) {
+  for (size_t i = 0; i < gradients.size(); ++i)
+    linear_backward_input_impl(gradients[i].dy.data, M, *gradients[i].W, dx, accumulate || i > 0, precision);
+}
+
 void Backend::linear_backward_weight(ConstFloats dy, ConstFloats x, int64_t M, int64_t rows, int64_t cols,
                                      Floats dW) {
   need(*this, dy, M * rows, "linear_backward_weight", "dy");

@@ -29,6 +29,11 @@ struct LinearOutput {
   const WeightMatrix* W = nullptr;
   Floats y;
 };
+// The gradient dy of one of them, for the input gradient of all (linear_backward_input below).
+struct LinearOutputGradient {
+  const WeightMatrix* W = nullptr;
+  ConstFloats dy;
+};
 
 // One variable of an optimizer step over many: its value, gradient and AdamW slots (n values each),
 // and whether weight decay applies to it.
@@ -86,6 +91,10 @@ class Backend : public Allocator {
   // dx (+)= dy·W, and dW += dyᵀ·x ([rows, cols]).
   void linear_backward_input(ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
                              MatmulPrecision precision);
+  // dx (+)= Σ_i dy_i·W_i: the input gradient of linear over several weights of one input (q, k and v;
+  // gate and up), in that order. Under the bf16 policies a GPU narrows every dy_i in one launch.
+  void linear_backward_input(const std::vector<LinearOutputGradient>& gradients, int64_t M, Floats dx,
+                             bool accumulate, MatmulPrecision precision);
   void linear_backward_weight(ConstFloats dy, ConstFloats x, int64_t M, int64_t rows, int64_t cols, Floats dW);
   // LoRA's y += s·(x·A)·B and its backward (dx += …, ∂A, ∂B into the term's gradient views).
   void low_rank(ConstFloats x, int64_t M, const LowRankTerm& term, Floats y);
@@ -188,6 +197,9 @@ class Backend : public Allocator {
                                         MatmulPrecision precision);
   virtual void linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,
                                           bool accumulate, MatmulPrecision precision) = 0;
+  // By default each product on its own (linear_backward_input_impl), adding after the first.
+  virtual void linear_backward_input_shared_impl(const std::vector<LinearOutputGradient>& gradients, int64_t M,
+                                                 float* dx, bool accumulate, MatmulPrecision precision);
   virtual void linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
                                            float* dW) = 0;
   virtual void low_rank_impl(const float* x, int64_t M, const LowRankTerm& term, float* y) = 0;

@@ -13,15 +13,27 @@ namespace meshtune {
 // A gradient slot of ModelGradients (in the backend's memory), or none.
 static Floats gradient(const Backend& b, float* g, int64_t n) { return g ? Floats(g, size_t(n), b.device()) : Floats(); }
 
-// Backward of project(): dx (+)= dy·W plus the LoRA term's share; ∂W += dyᵀ·x when `grad_w` (full
-// fine-tuning); the LoRA term adds its ∂A and ∂B (W itself is never differentiated under LoRA).
-static void project_backward(const Context& ctx, const GemmaModel& model, int layer, Slot slot, ConstFloats x,
-                             ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
-                             float* grad_w) {
+// One projection of project()'s input: its slot, matrix, output gradient and ∂W slot (full fine-tuning).
+struct ProjectionGradient {
+  Slot slot;
+  const WeightMatrix& W;
+  ConstFloats dy;
+  float* grad_w;
+};
+
+// Backward of project() over projections of one input x: dx (+)= Σ dy·W (one call for all: a GPU
+// narrows the dys together), then each LoRA term's share; ∂W += dyᵀ·x where `grad_w` (full
+// fine-tuning); the LoRA terms add their ∂A and ∂B (W itself is never differentiated under LoRA).
+static void project_backward(const Context& ctx, const GemmaModel& model, int layer, ConstFloats x, int64_t M,
+                             std::initializer_list<ProjectionGradient> projections, Floats dx, bool accumulate) {
   Backend& b = ctx.backend;
-  b.linear_backward_input(dy, M, W, dx, accumulate, ctx.precision);
-  if (grad_w) b.linear_backward_weight(dy, x, M, W.rows, W.cols, gradient(b, grad_w, W.rows * W.cols));
-  b.low_rank_backward(x, dy, M, model.low_rank_term(layer, slot), dx);
+  std::vector<LinearOutputGradient> products;
+  for (const ProjectionGradient& p : projections) products.push_back({&p.W, p.dy});
+  b.linear_backward_input(products, M, dx, accumulate, ctx.precision);
+  for (const ProjectionGradient& p : projections) {
+    if (p.grad_w) b.linear_backward_weight(p.dy, x, M, p.W.rows, p.W.cols, gradient(b, p.grad_w, p.W.rows * p.W.cols));
+    b.low_rank_backward(x, p.dy, M, model.low_rank_term(layer, p.slot), dx);
+  }
 }
 
 // Backward of one decoder block (mirror of decoder_block in gemma.cpp). On entry dx holds
@@ -64,14 +76,14 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
     b.geglu(a.gate, a.up, M * F, act);
     activated = act;
   }
-  project_backward(ctx, model, layer, Slot::FfwLinear, activated, d_branch, M, w.ffw_linear, d_activated, false,
-                   g.ffw_linear);
+  project_backward(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, d_branch, g.ffw_linear}},
+                   d_activated, false);
   b.geglu_backward(a.gate, a.up, d_activated, M * F, d_gate, d_up);
   FloatBuffer& d_normed = sized(ws.d_normed, M * D);
-  project_backward(ctx, model, layer, Slot::FfwGating, a.ffw_normed, d_gate, M, w.ffw_gating, d_normed, false,
-                   g.ffw_gating);
-  project_backward(ctx, model, layer, Slot::FfwGating2, a.ffw_normed, d_up, M, w.ffw_gating_2, d_normed,
-                   /*accumulate=*/true, g.ffw_gating_2);
+  project_backward(ctx, model, layer, a.ffw_normed, M,
+                   {{Slot::FfwGating, w.ffw_gating, d_gate, g.ffw_gating},
+                    {Slot::FfwGating2, w.ffw_gating_2, d_up, g.ffw_gating_2}},
+                   d_normed, false);
   ctx.tensor_parallel.sum_partials(d_normed);  // Σ over width
   // dx += the normed input's gradient through the pre-norm: now ∂L/∂mid.
   b.rmsnorm_backward(a.mid, w.pre_ffw_norm, M, D, eps, d_normed, dx, gradient(b, g.pre_ffw_norm, D),
@@ -81,8 +93,8 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
   d_branch = branch_gradient(c.use_post_attention_norm, a.attn_projected, w.post_attention_norm,
                              g.post_attention_norm);
   FloatBuffer& d_attended = sized(ws.d_attended, M * N * H);
-  project_backward(ctx, model, layer, Slot::AttentionOutput, a.attended, d_branch, M, w.attention_output,
-                   d_attended, false, g.attention_output);
+  project_backward(ctx, model, layer, a.attended, M,
+                   {{Slot::AttentionOutput, w.attention_output, d_branch, g.attention_output}}, d_attended, false);
   FloatBuffer &dq = sized(ws.dq, M * N * H), &dk = sized(ws.dk, M * K * H), &dv = sized(ws.dv, M * K * H);
   b.attention_backward(a.q, a.k, a.v, key_valid, attention_shape(c, layer, B, T, 0, T, ctx.precision), d_attended, dq, dk, dv);
   const Span<const int64_t> positions = ws.forward.positions;  // the forward pass' (start 0)
@@ -91,10 +103,9 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
     b.rmsnorm_backward(a.q_raw, w.query_norm, M * N, H, eps, dq, dq, gradient(b, g.query_norm, H));
     b.rmsnorm_backward(a.k_raw, w.key_norm, M * K, H, eps, dk, dk, gradient(b, g.key_norm, H));
   }
-  project_backward(ctx, model, layer, Slot::Query, a.attn_normed, dq, M, w.query, d_normed, false,
-                   g.query);  // overwrites d_normed, the next two add to it
-  project_backward(ctx, model, layer, Slot::Key, a.attn_normed, dk, M, w.key, d_normed, true, g.key);
-  project_backward(ctx, model, layer, Slot::Value, a.attn_normed, dv, M, w.value, d_normed, true, g.value);
+  project_backward(ctx, model, layer, a.attn_normed, M,
+                   {{Slot::Query, w.query, dq, g.query}, {Slot::Key, w.key, dk, g.key}, {Slot::Value, w.value, dv, g.value}},
+                   d_normed, false);
   ctx.tensor_parallel.sum_partials(d_normed);  // Σ over heads
   // dx += the normed input's gradient through the pre-norm: now ∂L/∂input.
   b.rmsnorm_backward(a.input, w.pre_attention_norm, M, D, eps, d_normed, dx, gradient(b, g.pre_attention_norm, D),

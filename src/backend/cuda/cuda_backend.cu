@@ -444,6 +444,33 @@ void CudaBackend::linear_backward_input_impl(const float* dy, int64_t M, const W
        accumulate ? 1.f : 0.f, dx, W.cols, "linear_backward_input");
 }
 
+// Several products into one dx: under BF16 precision every dy narrowed in one launch (into
+// consecutive parts of scratch slot 0; the weights keep slot 1), then the products, adding after the
+// first. fp32 and int8 products narrow nothing, so they go one by one.
+void CudaBackend::linear_backward_input_shared_impl(const std::vector<LinearOutputGradient>& gradients, int64_t M,
+                                                    float* dx, bool accumulate, MatmulPrecision precision) {
+  bool narrowed_together = gradients.size() > 1 && M > 0;
+  for (const LinearOutputGradient& g : gradients)
+    if (product_type(*g.W, precision) != CUDA_R_16BF) narrowed_together = false;
+  if (!narrowed_together) return Backend::linear_backward_input_shared_impl(gradients, M, dx, accumulate, precision);
+  CudaState& s = *state_;
+  std::vector<Span<const float>> dys;
+  int64_t total = 0;
+  for (const LinearOutputGradient& g : gradients) {
+    dys.emplace_back(g.dy.data, size_t(M * g.W->rows), g.dy.device);
+    total += M * g.W->rows;
+  }
+  auto* narrowed = static_cast<uint16_t*>(s.scratch_for(0, size_t(total) * 2));
+  cuda::narrow_parts(s, dys, narrowed);
+  int64_t offset = 0;
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    const WeightMatrix& W = *gradients[i].W;
+    gemm(s, CUBLAS_OP_N, CUBLAS_OP_N, W.cols, M, W.rows, weight_operand(s, W, precision), W.cols, narrowed + offset,
+         W.rows, CUDA_R_16BF, accumulate || i > 0 ? 1.f : 0.f, dx, W.cols, "linear_backward_input");
+    offset += M * W.rows;
+  }
+}
+
 void CudaBackend::linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
                                               float* dW) {
   // dW[rows, cols] += dyᵀ·x: dWᵀ (cols × rows) += xᵀ (cols × M) · dy (op T of column-major [rows, M]).

@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
                                 MatmulPrecision precision) override;
   void linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate,
                                   MatmulPrecision precision) override;
+  void linear_backward_input_shared_impl(const std::vector<LinearOutputGradient>& gradients, int64_t M, float* dx,
+                                         bool accumulate, MatmulPrecision precision) override;
   void linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
                                    float* dW) override;
   void low_rank_impl(const float* x, int64_t M, const LowRankTerm& term, float* y) override;
