@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu_path_test.h"
+#include "core/error.h"
 #include "io/npy.h"
 #include "generate/generate.h"
 #include "store/load.h"
@@ -59,6 +60,29 @@ TEST_P(KerasFixtureOnEveryPath, EveryRecordedArrayWithin1e4) {
     backend->linear(hidden, B * T, model.embeddings, raw, MatmulPrecision::F32);
     EXPECT_LT(max_diff_valid(raw, npy_floats(out + "logits_before_soft_cap.npy"), mask, V), 1e-4);
   }
+}
+
+// A cache of one pass (training, scoring) keeps no keys: each block's attention reads the pass' own.
+// The same numbers, bit for bit, as through a cache that keeps them; and it serves only a pass that
+// fills it.
+TEST_P(KerasFixture, OnePassCacheEqualsAKeptOne) {
+  const KerasCase& c = GetParam();
+  const std::string out = fixture(c.outputs) + "/";
+  const GemmaModel model = load_model(inspect_model_dir(fixture(c.preset)));
+  const Context ctx = meshtune::testing::cpu_context();
+  const std::vector<int32_t> ids = npy_ints(out + "token_ids.npy"), mask = npy_ints(out + "padding_mask.npy");
+  const int64_t B = read_npy(out + "token_ids.npy").shape[0], T = int64_t(ids.size()) / B;
+  const auto hidden = [&](KVCache& cache) {
+    cache.set_key_valid(ctx.backend, std::vector<uint8_t>(mask.begin(), mask.end()));
+    return meshtune::testing::to_host(backbone_forward(ctx, model, ids.data(), B, T, 0, cache));
+  };
+  KVCache kept(model.config, B, T, ctx.backend), one_pass(model.config, B, T, ctx.backend, /*keep_keys=*/false);
+  EXPECT_TRUE(kept.keeps_keys());
+  EXPECT_FALSE(one_pass.keeps_keys());
+  EXPECT_EQ(hidden(one_pass), hidden(kept));
+  KVCache longer(model.config, B, T + 1, ctx.backend, /*keep_keys=*/false);
+  EXPECT_THROW(backbone_forward(ctx, model, ids.data(), B, T, 0, longer), Error);
+  EXPECT_THROW(backbone_forward(ctx, model, ids.data(), B, T - 1, 1, longer), Error);
 }
 
 TEST_P(KerasFixture, GreedyIdsEqualKeras) {

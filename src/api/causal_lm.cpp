@@ -358,7 +358,7 @@ void GemmaCausalLM::logits(const std::vector<int32_t>& ids, const std::vector<in
   const GemmaModel m = inference_model();
   const Context ctx = context();
   Backend& b = ctx.backend;
-  KVCache cache(m.config, B, T, b);
+  KVCache cache(m.config, B, T, b, /*keep_keys=*/false);  // one pass: nothing continues it
   if (!mask.empty()) {  // else every position is a real token
     std::vector<uint8_t> key_valid(mask.size());
     for (size_t i = 0; i < mask.size(); ++i) key_valid[i] = mask[i] != 0;
@@ -623,9 +623,9 @@ MemoryEstimate GemmaCausalLM::training_memory(int batch_size, int sequence_lengt
   // Kept for backward per layer (model/gemma.h BlockActivations), in the policy's compute dtype.
   const double saved = 6 * D + 2 * NH + 2 * KH + 2 * F + (c.use_query_key_norm ? NH + KH : 0);
   // Working fp32 buffers of one block (its activations and their gradients), the scratch and the
-  // residual stream, and the training KV cache of every layer.
+  // residual stream (training keeps no KV cache: each block's attention reads its own keys and values).
   const double working = 2 * block_working_floats(c) + F + 6 * D;
-  e.activations = M * (double(c.num_layers) * (saved * (bf16 ? 2 : 4) + 2 * KH * 4) + working * 4);
+  e.activations = M * (double(c.num_layers) * saved * (bf16 ? 2 : 4) + working * 4);
   e.loss_chunk = double(loss_chunk_rows(c.vocab_size)) * (double(c.vocab_size) + 2 * D) * 4;
   return e;
 }

@@ -113,8 +113,8 @@ struct History {
 
 // What training needs in this process at a batch shape, estimated before it starts from the shapes
 // and the dtype policy: the weights held, the trainable state (values, gradients, AdamW's two
-// moments), the activations kept for backward with the step's working buffers and the KV cache,
-// and the loss's logits chunk. A lower bound of the peak (allocator and library overheads come on top).
+// moments), the activations kept for backward with the step's working buffers, and the loss's
+// logits chunk. A lower bound of the peak (allocator and library overheads come on top).
 struct MemoryEstimate {
   double weights = 0, trainable_state = 0, activations = 0, loss_chunk = 0;
   double mapped_weights = 0;  // of `weights`, read through a file map: the page cache holds them, they need not fit

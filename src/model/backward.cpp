@@ -148,7 +148,7 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
     fail("target id ", batch.targets[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ", V, ")");
 
   KVCache& cache = ws.cache;
-  cache.resize(c, B, T, b);
+  cache.resize(c, B, T, b, /*keep_keys=*/false);  // attention reads each block's own keys and values
   cache.set_key_valid(b, Span<const uint8_t>(batch.padding_mask, size_t(M)));
   // Under mixed_bfloat16 the blocks' activations are kept in bf16 (half the memory), as Keras keeps
   // them in its compute dtype.

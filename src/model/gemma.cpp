@@ -115,21 +115,22 @@ WeightVector* GemmaModel::vector(Slot slot, int layer) {
   return layer >= 0 ? layers[size_t(layer)].vector(slot) : nullptr;
 }
 
-void KVCache::resize(const GemmaConfig& c, int64_t b, int64_t s, Backend& backend) {
+void KVCache::resize(const GemmaConfig& c, int64_t b, int64_t s, Backend& backend, bool keep_keys) {
   batch = b;
   capacity = s;
   const size_t per_layer = size_t(b) * size_t(s) * size_t(c.num_key_value_heads) * size_t(c.head_dim);
-  keys.resize(size_t(c.num_layers));
-  values.resize(size_t(c.num_layers));
-  for (int layer = 0; layer < c.num_layers; ++layer) {
-    backend.resize(keys[size_t(layer)], per_layer);
-    backend.resize(values[size_t(layer)], per_layer);
+  const size_t layers = keep_keys ? size_t(c.num_layers) : 0;
+  keys.resize(layers);
+  values.resize(layers);
+  for (size_t layer = 0; layer < layers; ++layer) {
+    backend.resize(keys[layer], per_layer);
+    backend.resize(values[layer], per_layer);
   }
   backend.resize(key_valid, size_t(b) * size_t(s));
 }
 
-KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s, Backend& backend) {
-  resize(c, b, s, backend);
+KVCache::KVCache(const GemmaConfig& c, int64_t b, int64_t s, Backend& backend, bool keep_keys) {
+  resize(c, b, s, backend, keep_keys);
   set_key_valid(backend, std::vector<uint8_t>(size_t(b) * size_t(s), 1));
 }
 
@@ -203,13 +204,18 @@ static ConstFloats decoder_block(const Context& ctx, const GemmaModel& model, co
   }
   b.rope(a.q, N, a.k, K, M, H, positions, c.rope_base(layer), c.rope_scaling(layer), c.query_scale());
 
-  // This step's keys/values go into the cache at [b, start + t].
-  FloatBuffer &cache_k = cache.keys[size_t(layer)], &cache_v = cache.values[size_t(layer)];
-  b.write_cache_rows(a.k, a.v, B, T, K * H, S, start, cache_k, cache_v);
+  // This step's keys/values go into the cache at [b, start + t]; a cache of one pass keeps none, and
+  // attention reads the step's own ([B, T = S, K·H], the cache's layout).
+  ConstFloats keys = a.k, values = a.v;
+  if (cache.keeps_keys()) {
+    FloatBuffer &cache_k = cache.keys[size_t(layer)], &cache_v = cache.values[size_t(layer)];
+    b.write_cache_rows(a.k, a.v, B, T, K * H, S, start, cache_k, cache_v);
+    keys = cache_k, values = cache_v;
+  }
 
   buffer(a.attended, M * N * H);
   buffer(a.attn_projected, M * D);
-  b.attention(a.q, cache_k, cache_v, cache.key_valid, attention_shape(c, layer, B, T, start, S, ctx.precision), a.attended);
+  b.attention(a.q, keys, values, cache.key_valid, attention_shape(c, layer, B, T, start, S, ctx.precision), a.attended);
   project(ctx, model, layer, a.attended, M, {{Slot::AttentionOutput, w.attention_output, a.attn_projected}});
   ctx.tensor_parallel.sum_partials(a.attn_projected);  // Σ over heads
   // The attention branch joins the residual stream and the feed-forward's input is normalized, in one op.
@@ -292,6 +298,9 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
   const int64_t D = c.hidden_dim, M = B * T;
   check(B <= cache.batch && start + T <= cache.capacity, "KV cache too small: ", B, " rows × ", start + T,
         " positions needed, ", cache.batch, " × ", cache.capacity, " allocated");
+  check(cache.keeps_keys() || (B == cache.batch && start == 0 && T == cache.capacity), "a KV cache of one pass (",
+        cache.batch, " × ", cache.capacity, ") serves only a pass that fills it, not ", B, " rows at ", start, " … ",
+        start + T - 1);
   if (const int64_t m = first_id_outside(tokens, M, c.vocab_size); m >= 0)
     fail("token id ", tokens[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ", c.vocab_size, ")");
   // The pass' ids and positions cross to the backend once.

@@ -96,14 +96,20 @@ void project(const Context& ctx, const GemmaModel& model, int layer, ConstFloats
 // are real tokens (key_valid = 0 marks padding keys, which no query may attend to).
 struct KVCache {
   int64_t batch = 0, capacity = 0;
-  std::vector<FloatBuffer> keys, values;  // per layer: [B, S, K, H], in the backend's memory
+  // Per layer: [B, S, K, H], in the backend's memory; none in a cache of one pass (below).
+  std::vector<FloatBuffer> keys, values;
   Buffer<uint8_t> key_valid;              // [B, S], in the backend's memory
   KVCache() = default;
-  // Room for `batch` rows of `capacity` positions in `backend`'s memory, every key slot valid.
-  KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity, Backend& backend);
+  // Room for `batch` rows of `capacity` positions in `backend`'s memory, every key slot valid. A cache
+  // of one pass (`keep_keys` false: training, scoring — a pass over whole rows that nothing continues)
+  // keeps no keys or values: each block's attention reads the pass' own, which have the cache's layout
+  // when the pass fills it (start 0, T = capacity). That saves a copy of every layer's keys and values
+  // (7.5 GB for the 7B shape at 8 × 1024) and a launch per block.
+  KVCache(const GemmaConfig& config, int64_t batch, int64_t capacity, Backend& backend, bool keep_keys = true);
   // The same, reusing the memory a larger cache had; the keys, values and key_valid are undefined
   // (a training pass writes every slot before reading it, and sets key_valid).
-  void resize(const GemmaConfig& config, int64_t batch, int64_t capacity, Backend& backend);
+  void resize(const GemmaConfig& config, int64_t batch, int64_t capacity, Backend& backend, bool keep_keys = true);
+  bool keeps_keys() const { return !keys.empty(); }
   // key_valid from the host: [batch, capacity] values, 0 for padding.
   void set_key_valid(Backend& backend, Span<const uint8_t> host);
 };
@@ -181,7 +187,8 @@ struct ForwardWorkspace {
 };
 
 // Runs the backbone on tokens [B, T] (host ids) placed at positions start .. start+T−1 of every
-// row, writing their keys/values into `cache` (whose key_valid the caller sets). Returns the hidden
+// row, writing their keys/values into `cache` (whose key_valid the caller sets; a cache of one pass
+// must be filled by this one: start 0, T its capacity). Returns the hidden
 // states after the final norm, [B·T, D], in the backend's memory (ws.hidden). Throws Error for a
 // token id outside the vocabulary. With `saved` (started by the caller), every block's activations
 // are kept for backward, and `final_norm_input` (if given) receives the residual stream entering
