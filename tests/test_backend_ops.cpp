@@ -260,10 +260,16 @@ std::vector<OpCase> norm_cases() {
       return Inputs{random_vector(size_t(rows * dim), 13), random_vector(size_t(rows * dim), 14),
                     random_vector(size_t(dim), 15, 0.5f)};
     };
+    // The longer case also writes the new x into x_copy (training's kept residual stream).
     c.forward = [rows, dim](Backend& b, Inputs& in) {
       FloatBuffer x = put(b, in[0]), y = put(b, zeros(rows * dim));
-      b.add_rmsnorm(x, put(b, in[1]), put(b, in[2]), rows, dim, 1e-6f, y);
-      return Inputs{get(b, y), get(b, x)};
+      if (rows == 3) {
+        b.add_rmsnorm(x, put(b, in[1]), put(b, in[2]), rows, dim, 1e-6f, y);
+        return Inputs{get(b, y), get(b, x)};
+      }
+      FloatBuffer x_copy = put(b, zeros(rows * dim));
+      b.add_rmsnorm(x, put(b, in[1]), put(b, in[2]), rows, dim, 1e-6f, y, x_copy);
+      return Inputs{get(b, y), get(b, x), get(b, x_copy)};
     };
     cases.push_back(std::move(c));
   }
@@ -944,6 +950,8 @@ TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
   EXPECT_THROW(cpu.gather_rows(x, std::vector<int64_t>{0, 3}, 4, y), Error);  // row 3 is outside 12 values
   // y written over x (or the branch) while the row is still being read.
   EXPECT_THROW(cpu.add_rmsnorm(x, y, scale, 3, 4, 1e-6f, x), Error);
+  Values y3(12);
+  EXPECT_THROW(cpu.add_rmsnorm(x, y, scale, 3, 4, 1e-6f, y3, y3), Error);  // x_copy over y
   // Adding into dx while reading dy from the same memory would add a half-overwritten gradient.
   EXPECT_THROW(cpu.rmsnorm_backward(x, scale, 3, 4, 1e-6f, y, y, {}, /*accumulate=*/true), Error);
   // Several weights of one input must all be as wide as it.

@@ -478,7 +478,7 @@ TEST(Cuda, ALoraStepsRoundTripsAndLaunchesAreBounded) {
     if (step > 0) std::printf("  %-40s %lld\n", name.c_str(), (long long)step);
   }
   EXPECT_LE(after.downloads - before.downloads, 3);
-  // Measured 122 launches (126 with attention as products: their bf16 copies of q, k, v and dO under
+  // Measured 118 launches (122 with attention as products: their bf16 copies of q, k, v and dO under
   // mixed_bfloat16 add one launch each way per layer, their key gradients need no zeroing; 169 before
   // q, k and v, and gate and up, narrowed their shared input once, RoPE of q and k with q's scale and
   // the cache writes of k and v became one launch each, and backward stopped copying dx for each
@@ -488,13 +488,14 @@ TEST(Cuda, ALoraStepsRoundTripsAndLaunchesAreBounded) {
   // the next block's first norm, 139 before RMSNorm's backward found each row's 1/rms in its own
   // kernel where no ∂scale needs them all, 130 before backward narrowed the output gradients of q, k
   // and v, and of gate and up, in one launch each, 124 before training's attention read each block's
-  // own keys and values instead of copies in a KV cache) and 114
+  // own keys and values instead of copies in a KV cache, 122 before the residual joins wrote the stream
+  // training keeps for backward themselves instead of copies) and 114
   // products (the fp32-stored weights narrowed at each bf16 product included; 14 of the launches are
   // copies and zeroings, which were cudaMemcpyAsync / cudaMemsetAsync calls before: each cost the
   // host more than a launch; the post-norms read the branch instead of a copy of it); one launch per
   // saved activation, per parameter's finiteness check or AdamW update, or per LoRA product, as
   // before, would exceed these.
-  EXPECT_LE(launches, 127);
+  EXPECT_LE(launches, 125);
   EXPECT_LE(after.products - before.products, 120);
 }
 

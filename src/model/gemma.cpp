@@ -191,9 +191,16 @@ static ConstFloats decoder_block(const Context& ctx, const GemmaModel& model, co
   buffer(a.q, M * N * H);
   buffer(a.k, M * K * H);
   buffer(a.v, M * K * H);
-  if (pending.empty()) b.rmsnorm(x, w.pre_attention_norm, M, D, eps, a.attn_normed);
-  else b.add_rmsnorm(x, pending, w.pre_attention_norm, M, D, eps, a.attn_normed);
-  if (for_backward) copy(x, M * D, a.input);
+  // Kept for backward: the residual stream entering the block (`input`) and after its attention
+  // branch (`mid`), written by the joins themselves (x_copy) — the first block copies its input.
+  if (for_backward) buffer(a.input, M * D), buffer(a.mid, M * D);
+  const auto kept = [&](FloatBuffer& v) { return for_backward ? Floats(v) : Floats(); };
+  if (!pending.empty()) {
+    b.add_rmsnorm(x, pending, w.pre_attention_norm, M, D, eps, a.attn_normed, kept(a.input));
+  } else {
+    b.rmsnorm(x, w.pre_attention_norm, M, D, eps, a.attn_normed);
+    if (for_backward) b.copy(x, M * D, a.input);
+  }
   project(ctx, model, layer, a.attn_normed, M,
           {{Slot::Query, w.query, a.q}, {Slot::Key, w.key, a.k}, {Slot::Value, w.value, a.v}});
   if (c.use_query_key_norm) {  // Gemma 3: per-head RMSNorm before RoPE
@@ -221,8 +228,7 @@ static ConstFloats decoder_block(const Context& ctx, const GemmaModel& model, co
   // The attention branch joins the residual stream and the feed-forward's input is normalized, in one op.
   buffer(a.ffw_normed, M * D);
   b.add_rmsnorm(x, joining(a.attn_projected, c.use_post_attention_norm, w.post_attention_norm), w.pre_ffw_norm, M,
-                D, eps, a.ffw_normed);
-  if (for_backward) copy(x, M * D, a.mid);
+                D, eps, a.ffw_normed, kept(a.mid));
 
   // --- feed-forward (GeGLU) ---
   buffer(a.gate, M * F);
@@ -339,11 +345,14 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
   }
   FloatBuffer& hidden = ws.hidden;
   b.resize(hidden, size_t(M * D));
-  if (pending.empty()) b.rmsnorm(x, model.final_norm, M, D, c.layer_norm_epsilon, hidden);
-  else b.add_rmsnorm(x, pending, model.final_norm, M, D, c.layer_norm_epsilon, hidden);
-  if (final_norm_input) {  // x is the last block's output now
-    b.resize(*final_norm_input, size_t(M * D));
-    b.copy(x, M * D, *final_norm_input);
+  // The last block's output (x after the join) is kept for backward where asked, by the join itself.
+  if (final_norm_input) b.resize(*final_norm_input, size_t(M * D));
+  if (!pending.empty()) {
+    b.add_rmsnorm(x, pending, model.final_norm, M, D, c.layer_norm_epsilon, hidden,
+                  final_norm_input ? Floats(*final_norm_input) : Floats());
+  } else {
+    b.rmsnorm(x, model.final_norm, M, D, c.layer_norm_epsilon, hidden);
+    if (final_norm_input) b.copy(x, M * D, *final_norm_input);
   }
   return hidden;
 }

@@ -66,11 +66,16 @@ __device__ double row_inverse_rms(const float* xr, int64_t dim, float eps) {
 }
 
 // y = RMSNorm of the block's row of x; with `branch`, x += branch first (written back: the residual
-// join before the next norm; each thread then reads only the values it wrote).
-__global__ void rmsnorm_kernel(float* x, const float* branch, const float* scale, int64_t dim, float eps, float* y) {
+// join before the next norm; each thread then reads only the values it wrote), and into x_copy too
+// where given.
+__global__ void rmsnorm_kernel(float* x, const float* branch, const float* scale, int64_t dim, float eps, float* y,
+                               float* x_copy) {
   float* xr = x + blockIdx.x * dim;
   if (branch)
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) xr[i] += branch[blockIdx.x * dim + i];
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+      xr[i] += branch[blockIdx.x * dim + i];
+      if (x_copy) x_copy[blockIdx.x * dim + i] = xr[i];
+    }
   const double inv = row_inverse_rms(xr, dim, eps);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
     y[blockIdx.x * dim + i] = float(double(xr[i]) * inv * (1.0 + scale[i]));
@@ -737,14 +742,15 @@ void CudaBackend::row_abs_max_impl(const float* x, int64_t rows, int64_t cols, f
 
 void CudaBackend::rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) {
   if (rows == 0) return;
-  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(const_cast<float*>(x), nullptr, scale, dim, eps, y);
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(const_cast<float*>(x), nullptr, scale, dim, eps, y,
+                                                                  nullptr);
   check_launch("rmsnorm");
 }
 
 void CudaBackend::add_rmsnorm_impl(float* x, const float* branch, const float* scale, int64_t rows, int64_t dim,
-                                   float eps, float* y) {
+                                   float eps, float* y, float* x_copy) {
   if (rows == 0) return;
-  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, branch, scale, dim, eps, y);
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, branch, scale, dim, eps, y, x_copy);
   check_launch("add_rmsnorm");
 }
 
