@@ -251,24 +251,33 @@ std::vector<OpCase> norm_cases() {
     c.tolerance = rows * dim < 1000 ? 1e-5 : 2e-5;
     cases.push_back(std::move(c));
   }
-  // The residual join and the next norm in one op: x += branch (returned), y = RMSNorm(x).
-  for (const auto& [shape_rows, shape_dim] : {std::pair<int64_t, int64_t>{3, 7}, {300, 256}}) {
-    const int64_t rows = shape_rows, dim = shape_dim;  // named variables: lambdas capture them
+  // The residual join and the next norm in one op: x += branch (returned), y = RMSNorm(x); the
+  // `_branch_norm` cases normalize the branch first (Gemma 2/3's post-norm, a fourth input).
+  struct JoinShape {
+    int64_t rows, dim;
+    bool branch_norm;
+  };
+  for (const JoinShape& shape : {JoinShape{3, 7, false}, {300, 256, false}, {3, 7, true}, {300, 256, true}}) {
+    const int64_t rows = shape.rows, dim = shape.dim;
+    const bool branch_norm = shape.branch_norm;
     OpCase c;
-    c.name = "add_rmsnorm_" + std::to_string(rows) + "x" + std::to_string(dim);
-    c.make_inputs = [rows, dim] {
-      return Inputs{random_vector(size_t(rows * dim), 13), random_vector(size_t(rows * dim), 14),
-                    random_vector(size_t(dim), 15, 0.5f)};
+    c.name = "add_rmsnorm_" + std::to_string(rows) + "x" + std::to_string(dim) + (branch_norm ? "_branch_norm" : "");
+    c.make_inputs = [rows, dim, branch_norm] {
+      Inputs in{random_vector(size_t(rows * dim), 13), random_vector(size_t(rows * dim), 14),
+                random_vector(size_t(dim), 15, 0.5f)};
+      if (branch_norm) in.push_back(random_vector(size_t(dim), 16, 0.5f));
+      return in;
     };
-    // The longer case also writes the new x into x_copy (training's kept residual stream).
-    c.forward = [rows, dim](Backend& b, Inputs& in) {
+    // The longer cases also write the new x into x_copy (training's kept residual stream).
+    c.forward = [rows, dim, branch_norm](Backend& b, Inputs& in) {
       FloatBuffer x = put(b, in[0]), y = put(b, zeros(rows * dim));
+      FloatBuffer branch_scale = branch_norm ? put(b, in[3]) : FloatBuffer();
       if (rows == 3) {
-        b.add_rmsnorm(x, put(b, in[1]), put(b, in[2]), rows, dim, 1e-6f, y);
+        b.add_rmsnorm(x, put(b, in[1]), put(b, in[2]), rows, dim, 1e-6f, y, {}, branch_scale);
         return Inputs{get(b, y), get(b, x)};
       }
       FloatBuffer x_copy = put(b, zeros(rows * dim));
-      b.add_rmsnorm(x, put(b, in[1]), put(b, in[2]), rows, dim, 1e-6f, y, x_copy);
+      b.add_rmsnorm(x, put(b, in[1]), put(b, in[2]), rows, dim, 1e-6f, y, x_copy, branch_scale);
       return Inputs{get(b, y), get(b, x), get(b, x_copy)};
     };
     cases.push_back(std::move(c));
@@ -952,6 +961,7 @@ TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
   EXPECT_THROW(cpu.add_rmsnorm(x, y, scale, 3, 4, 1e-6f, x), Error);
   Values y3(12);
   EXPECT_THROW(cpu.add_rmsnorm(x, y, scale, 3, 4, 1e-6f, y3, y3), Error);  // x_copy over y
+  EXPECT_THROW(cpu.add_rmsnorm(x, y, scale, 3, 4, 1e-6f, y3, {}, Values(3)), Error);  // branch scale of 3, not 4
   // Adding into dx while reading dy from the same memory would add a half-overwritten gradient.
   EXPECT_THROW(cpu.rmsnorm_backward(x, scale, 3, 4, 1e-6f, y, y, {}, /*accumulate=*/true), Error);
   // Several weights of one input must all be as wide as it.

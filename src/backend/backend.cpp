@@ -220,21 +220,26 @@ void Backend::rmsnorm(ConstFloats x, ConstFloats scale, int64_t rows, int64_t di
 }
 
 void Backend::add_rmsnorm(Floats x, ConstFloats branch, ConstFloats scale, int64_t rows, int64_t dim, float eps,
-                          Floats y, Floats x_copy) {
+                          Floats y, Floats x_copy, ConstFloats branch_scale) {
   need(*this, x, rows * dim, "add_rmsnorm", "x");
   need(*this, branch, rows * dim, "add_rmsnorm", "branch");
   need(*this, scale, dim, "add_rmsnorm", "scale");
   need(*this, y, rows * dim, "add_rmsnorm", "y");
   float* copy = optional(*this, x_copy, rows * dim, "add_rmsnorm", "x_copy");
+  const float* branch_norm = optional(*this, branch_scale, dim, "add_rmsnorm", "branch_scale");
   if (rows * dim > 0 && (y.data == x.data || y.data == branch.data))
     fail(name(), " backend: add_rmsnorm writes y apart from x and branch");
   if (rows * dim > 0 && copy && (copy == x.data || copy == branch.data || copy == y.data))
     fail(name(), " backend: add_rmsnorm writes x_copy apart from x, branch and y");
-  add_rmsnorm_impl(x.data, branch.data, scale.data, rows, dim, eps, y.data, copy);
+  add_rmsnorm_impl(x.data, branch.data, branch_norm, scale.data, rows, dim, eps, y.data, copy);
 }
 
-void Backend::add_rmsnorm_impl(float* x, const float* branch, const float* scale, int64_t rows, int64_t dim,
-                               float eps, float* y, float* x_copy) {
+void Backend::add_rmsnorm_impl(float* x, const float* branch, const float* branch_scale, const float* scale,
+                               int64_t rows, int64_t dim, float eps, float* y, float* x_copy) {
+  if (branch_scale) {  // y holds the normalized branch until the join's own norm overwrites it
+    rmsnorm_impl(branch, branch_scale, rows, dim, eps, y);
+    branch = y;
+  }
   add_into_impl(x, branch, rows * dim);
   rmsnorm_impl(x, scale, rows, dim, eps, y);
   if (x_copy) copy_impl(x, rows * dim, x_copy);

@@ -108,9 +108,10 @@ class Backend : public Allocator {
   void rmsnorm(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, Floats y);
   // A branch joining the residual stream and the next norm in one call: x += branch, then y = RMSNorm(x)
   // (y apart from x and branch); x_copy, if given, receives the new x too (what training keeps for
-  // backward, without a copy of its own). Its backward is rmsnorm_backward's.
+  // backward, without a copy of its own). With `branch_scale` the branch is normalized first (Gemma
+  // 2/3's post-norm): x += RMSNorm(branch)·(1 + branch_scale). Its backward is rmsnorm_backward's.
   void add_rmsnorm(Floats x, ConstFloats branch, ConstFloats scale, int64_t rows, int64_t dim, float eps, Floats y,
-                   Floats x_copy = {});
+                   Floats x_copy = {}, ConstFloats branch_scale = {});
   // With `accumulate` it adds into dx instead (dx is then not dy): a residual's gradient in one call.
   void rmsnorm_backward(ConstFloats x, ConstFloats scale, int64_t rows, int64_t dim, float eps, ConstFloats dy,
                         Floats dx, Floats dscale, bool accumulate = false);
@@ -209,9 +210,10 @@ class Backend : public Allocator {
                                       float* dx) = 0;
   virtual void row_abs_max_impl(const float* x, int64_t rows, int64_t cols, float* out) = 0;
   virtual void rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) = 0;
-  // By default add_into_impl, rmsnorm_impl, then copy_impl into x_copy (may be null).
-  virtual void add_rmsnorm_impl(float* x, const float* branch, const float* scale, int64_t rows, int64_t dim,
-                                float eps, float* y, float* x_copy);
+  // By default rmsnorm_impl of the branch into y (where branch_scale is not null), add_into_impl,
+  // rmsnorm_impl, then copy_impl into x_copy (may be null).
+  virtual void add_rmsnorm_impl(float* x, const float* branch, const float* branch_scale, const float* scale,
+                                int64_t rows, int64_t dim, float eps, float* y, float* x_copy);
   virtual void rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
                                      const float* dy, float* dx, float* dscale, bool accumulate) = 0;
   virtual void rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,

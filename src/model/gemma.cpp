@@ -156,17 +156,31 @@ AttentionShape attention_shape(const GemmaConfig& c, int layer, int64_t B, int64
   return shape;
 }
 
+// What a block hands on to be added into the residual stream: a branch, normalized by its post-norm
+// first where the family has one (Gemma 2/3) — inside the join's own op.
+struct Branch {
+  ConstFloats values, post_norm;  // post_norm empty: none
+  bool empty() const { return values.empty(); }
+};
+
+// x += branch (if any), then y = RMSNorm(x)·(1 + scale), in one op; `kept` (if given) receives the new x.
+static void join_and_norm(Backend& b, FloatBuffer& x, const Branch& branch, ConstFloats scale, int64_t M, int64_t D,
+                          float eps, Floats y, Floats kept) {
+  if (!branch.empty()) return b.add_rmsnorm(x, branch.values, scale, M, D, eps, y, kept, branch.post_norm);
+  b.rmsnorm(x, scale, M, D, eps, y);
+  if (!kept.empty()) b.copy(x, M * D, kept);
+}
+
 // One decoder block on the residual stream x [M = B·T, D]; `a` receives the block's intermediate
 // values — all of them when the caller keeps them for backward (`for_backward`); otherwise the
 // residual stream's copies (input, mid) are not made and GeGLU runs in place on `gate`. The block
 // starts by adding `pending` (the previous block's feed-forward branch, or nothing) into x, in one
 // op with its first norm, and returns its own feed-forward branch for the caller to add — into the
-// next block's first norm, or the final one: one launch fewer per block on a GPU. What it returns
-// lives in `a` or `s` until the next block's first op has read it.
-static ConstFloats decoder_block(const Context& ctx, const GemmaModel& model, const DecoderLayerWeights& w, int layer,
-                                 FloatBuffer& x, ConstFloats pending, Span<const int64_t> positions, int64_t B,
-                                 int64_t T, int64_t start, KVCache& cache, BlockActivations& a, BlockScratch& s,
-                                 bool for_backward) {
+// next block's first norm, or the final one: one launch fewer per block on a GPU (two with a
+// post-norm). What it returns lives in `a` until the next block's first op has read it.
+static Branch decoder_block(const Context& ctx, const GemmaModel& model, const DecoderLayerWeights& w, int layer,
+                            FloatBuffer& x, const Branch& pending, Span<const int64_t> positions, int64_t B, int64_t T,
+                            int64_t start, KVCache& cache, BlockActivations& a, BlockScratch& s, bool for_backward) {
   Backend& b = ctx.backend;
   const GemmaConfig& c = model.config;
   const int64_t M = B * T, D = c.hidden_dim, N = c.num_query_heads, K = c.num_key_value_heads, H = c.head_dim,
@@ -174,16 +188,9 @@ static ConstFloats decoder_block(const Context& ctx, const GemmaModel& model, co
   const float eps = c.layer_norm_epsilon;
   // Every buffer is overwritten by its producer, so a reused one keeps its memory and is not cleared.
   auto buffer = [&b](FloatBuffer& v, int64_t n) { b.resize(v, size_t(n)); };
-  auto copy = [&b](ConstFloats src, int64_t n, FloatBuffer& dst) {
-    b.resize(dst, size_t(n));
-    b.copy(src, n, dst);
-  };
-  // What a branch adds to the residual stream: the branch, or its post-norm when the family has one.
-  const auto joining = [&](const FloatBuffer& branch, bool use_post_norm, const WeightVector& post_norm) -> ConstFloats {
-    if (!use_post_norm) return branch;
-    buffer(s.residual, M * D);
-    b.rmsnorm(branch, post_norm, M, D, eps, s.residual);
-    return s.residual;
+  // A branch and its post-norm, if the family has one.
+  const auto branch = [](const FloatBuffer& values, bool use_post_norm, const WeightVector& post_norm) {
+    return Branch{values, use_post_norm ? ConstFloats(post_norm) : ConstFloats()};
   };
 
   // --- attention ---
@@ -195,17 +202,15 @@ static ConstFloats decoder_block(const Context& ctx, const GemmaModel& model, co
   // branch (`mid`), written by the joins themselves (x_copy) — the first block copies its input.
   if (for_backward) buffer(a.input, M * D), buffer(a.mid, M * D);
   const auto kept = [&](FloatBuffer& v) { return for_backward ? Floats(v) : Floats(); };
-  if (!pending.empty()) {
-    b.add_rmsnorm(x, pending, w.pre_attention_norm, M, D, eps, a.attn_normed, kept(a.input));
-  } else {
-    b.rmsnorm(x, w.pre_attention_norm, M, D, eps, a.attn_normed);
-    if (for_backward) b.copy(x, M * D, a.input);
-  }
+  join_and_norm(b, x, pending, w.pre_attention_norm, M, D, eps, a.attn_normed, kept(a.input));
+  // Gemma 3 normalizes q and k per head before RoPE: its projections go to q_raw / k_raw first.
+  const bool qk_norm = c.use_query_key_norm;
+  if (qk_norm) buffer(a.q_raw, M * N * H), buffer(a.k_raw, M * K * H);
   project(ctx, model, layer, a.attn_normed, M,
-          {{Slot::Query, w.query, a.q}, {Slot::Key, w.key, a.k}, {Slot::Value, w.value, a.v}});
-  if (c.use_query_key_norm) {  // Gemma 3: per-head RMSNorm before RoPE
-    copy(a.q, M * N * H, a.q_raw);
-    copy(a.k, M * K * H, a.k_raw);
+          {{Slot::Query, w.query, qk_norm ? a.q_raw : a.q},
+           {Slot::Key, w.key, qk_norm ? a.k_raw : a.k},
+           {Slot::Value, w.value, a.v}});
+  if (qk_norm) {
     b.rmsnorm(a.q_raw, w.query_norm, M * N, H, eps, a.q);
     b.rmsnorm(a.k_raw, w.key_norm, M * K, H, eps, a.k);
   }
@@ -227,7 +232,7 @@ static ConstFloats decoder_block(const Context& ctx, const GemmaModel& model, co
   ctx.tensor_parallel.sum_partials(a.attn_projected);  // Σ over heads
   // The attention branch joins the residual stream and the feed-forward's input is normalized, in one op.
   buffer(a.ffw_normed, M * D);
-  b.add_rmsnorm(x, joining(a.attn_projected, c.use_post_attention_norm, w.post_attention_norm), w.pre_ffw_norm, M,
+  join_and_norm(b, x, branch(a.attn_projected, c.use_post_attention_norm, w.post_attention_norm), w.pre_ffw_norm, M,
                 D, eps, a.ffw_normed, kept(a.mid));
 
   // --- feed-forward (GeGLU) ---
@@ -241,7 +246,7 @@ static ConstFloats decoder_block(const Context& ctx, const GemmaModel& model, co
   b.geglu(a.gate, a.up, M * F, activated);
   project(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, a.ffw_projected}});
   ctx.tensor_parallel.sum_partials(a.ffw_projected);  // Σ over width
-  return joining(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm);
+  return branch(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm);
 }
 
 // The buffers of a block's activations (const or not), in a fixed order (for SavedBlocks' bf16 copies).
@@ -328,9 +333,16 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
   b.scale(x, M * D, embedding_scale);
   if (trace) copy_out(trace->embedding_scaled);
 
-  ConstFloats pending;  // the last block's feed-forward branch, not yet in x
-  const auto join_pending = [&] {
-    if (!pending.empty()) b.add_into(x, pending, M * D);
+  Branch pending;  // the last block's feed-forward branch, not yet in x
+  const auto join_pending = [&] {  // on its own, for the trace
+    if (pending.empty()) return;
+    ConstFloats values = pending.values;
+    if (!pending.post_norm.empty()) {
+      b.resize(ws.scratch.residual, size_t(M * D));
+      b.rmsnorm(values, pending.post_norm, M, D, c.layer_norm_epsilon, ws.scratch.residual);
+      values = ws.scratch.residual;
+    }
+    b.add_into(x, values, M * D);
     pending = {};
   };
   for (int layer = 0; layer < c.num_layers; ++layer) {
@@ -347,13 +359,8 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
   b.resize(hidden, size_t(M * D));
   // The last block's output (x after the join) is kept for backward where asked, by the join itself.
   if (final_norm_input) b.resize(*final_norm_input, size_t(M * D));
-  if (!pending.empty()) {
-    b.add_rmsnorm(x, pending, model.final_norm, M, D, c.layer_norm_epsilon, hidden,
-                  final_norm_input ? Floats(*final_norm_input) : Floats());
-  } else {
-    b.rmsnorm(x, model.final_norm, M, D, c.layer_norm_epsilon, hidden);
-    if (final_norm_input) b.copy(x, M * D, *final_norm_input);
-  }
+  join_and_norm(b, x, pending, model.final_norm, M, D, c.layer_norm_epsilon, hidden,
+                final_norm_input ? Floats(*final_norm_input) : Floats());
   return hidden;
 }
 

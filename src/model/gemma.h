@@ -127,8 +127,8 @@ struct ForwardTrace {
 };
 
 // The intermediate values of one decoder block that backward needs (kept when training). Not kept:
-// ffw_linear's input gelu(gate)·up, F wide (backward recomputes it when it needs it), and the
-// residual branch after its post-norm; those live in BlockScratch, shared by the blocks.
+// ffw_linear's input gelu(gate)·up, F wide (backward recomputes it when it needs it), which lives in
+// BlockScratch, shared by the blocks, and the branches after their post-norms (formed inside the joins).
 struct BlockActivations {
   FloatBuffer input;          // x entering the block [M, D]
   FloatBuffer attn_normed;    // pre_attention_norm(x) [M, D]
@@ -143,7 +143,7 @@ struct BlockActivations {
 };
 struct BlockScratch {
   FloatBuffer activated;  // gelu(gate)·up [M, F]
-  FloatBuffer residual;   // a branch's output after its post-norm [M, D]
+  FloatBuffer residual;   // a branch's output after its post-norm [M, D], for a traced pass' separate joins
 };
 
 // What training keeps of every block for the backward pass. In fp32, one BlockActivations per

@@ -52,8 +52,8 @@ class CudaBackend final : public Backend {
                               float* dx) override;
   void row_abs_max_impl(const float* x, int64_t rows, int64_t cols, float* out) override;
   void rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) override;
-  void add_rmsnorm_impl(float* x, const float* branch, const float* scale, int64_t rows, int64_t dim, float eps,
-                        float* y, float* x_copy) override;
+  void add_rmsnorm_impl(float* x, const float* branch, const float* branch_scale, const float* scale, int64_t rows,
+                        int64_t dim, float eps, float* y, float* x_copy) override;
   void rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
                              const float* dy, float* dx, float* dscale,
                              bool accumulate) override;

@@ -67,15 +67,19 @@ __device__ double row_inverse_rms(const float* xr, int64_t dim, float eps) {
 
 // y = RMSNorm of the block's row of x; with `branch`, x += branch first (written back: the residual
 // join before the next norm; each thread then reads only the values it wrote), and into x_copy too
-// where given.
-__global__ void rmsnorm_kernel(float* x, const float* branch, const float* scale, int64_t dim, float eps, float* y,
-                               float* x_copy) {
+// where given. With `branch_scale` the branch joins normalized: x += RMSNorm(branch)·(1 + branch_scale),
+// rounded to float as rmsnorm's own y is.
+__global__ void rmsnorm_kernel(float* x, const float* branch, const float* branch_scale, const float* scale,
+                               int64_t dim, float eps, float* y, float* x_copy) {
   float* xr = x + blockIdx.x * dim;
-  if (branch)
+  if (branch) {
+    const float* br = branch + blockIdx.x * dim;
+    const double branch_inv = branch_scale ? row_inverse_rms(br, dim, eps) : 0;
     for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-      xr[i] += branch[blockIdx.x * dim + i];
+      xr[i] += branch_scale ? float(double(br[i]) * branch_inv * (1.0 + branch_scale[i])) : br[i];
       if (x_copy) x_copy[blockIdx.x * dim + i] = xr[i];
     }
+  }
   const double inv = row_inverse_rms(xr, dim, eps);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
     y[blockIdx.x * dim + i] = float(double(xr[i]) * inv * (1.0 + scale[i]));
@@ -742,15 +746,15 @@ void CudaBackend::row_abs_max_impl(const float* x, int64_t rows, int64_t cols, f
 
 void CudaBackend::rmsnorm_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps, float* y) {
   if (rows == 0) return;
-  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(const_cast<float*>(x), nullptr, scale, dim, eps, y,
-                                                                  nullptr);
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(const_cast<float*>(x), nullptr, nullptr, scale, dim,
+                                                                  eps, y, nullptr);
   check_launch("rmsnorm");
 }
 
-void CudaBackend::add_rmsnorm_impl(float* x, const float* branch, const float* scale, int64_t rows, int64_t dim,
-                                   float eps, float* y, float* x_copy) {
+void CudaBackend::add_rmsnorm_impl(float* x, const float* branch, const float* branch_scale, const float* scale,
+                                   int64_t rows, int64_t dim, float eps, float* y, float* x_copy) {
   if (rows == 0) return;
-  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, branch, scale, dim, eps, y, x_copy);
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, state_->stream>>>(x, branch, branch_scale, scale, dim, eps, y, x_copy);
   check_launch("add_rmsnorm");
 }
 
