@@ -558,17 +558,22 @@ std::vector<OpCase> data_movement_cases() {
       cases.push_back(std::move(c));
     }
   }
+  // RoPE writing a step's keys and values into a KV cache: B = 2 rows of T = 3 tokens, 3 query and 2
+  // key heads of 4, into 7 positions from 4 (the other positions keep their values).
   OpCase cache;
-  cache.name = "write_cache_rows";
+  cache.name = "rope_into_cache";
   cache.make_inputs = [] {
-    return Inputs{random_vector(2 * 3 * 5, 20), random_vector(2 * 3 * 5, 24), random_vector(2 * 7 * 5, 21),
-                  random_vector(2 * 7 * 5, 25)};
+    return Inputs{random_vector(6 * 3 * 4, 20), random_vector(6 * 2 * 4, 24), random_vector(6 * 2 * 4, 26),
+                  random_vector(2 * 7 * 8, 21), random_vector(2 * 7 * 8, 25)};
   };
   cache.forward = [](Backend& b, Inputs& in) {
-    FloatBuffer keys = put(b, in[2]), values = put(b, in[3]);
-    b.write_cache_rows(put(b, in[0]), put(b, in[1]), 2, 3, 5, 7, 4, keys, values);
-    return Inputs{get(b, keys), get(b, values)};
+    FloatBuffer q = put(b, in[0]), k = put(b, in[1]), values = put(b, in[2]), key_cache = put(b, in[3]),
+                value_cache = put(b, in[4]);
+    const CacheWrite into{values, 2, 7, 4, key_cache, value_cache};
+    b.rope(q, 3, k, 2, 6, 4, put(b, std::vector<int64_t>{4, 5, 6, 4, 5, 6}), 10000.f, 1.f, 0.5f, &into);
+    return Inputs{get(b, q), get(b, k), get(b, key_cache), get(b, value_cache)};
   };
+  cache.tolerance = 2e-5;  // as rope's
   cases.push_back(std::move(cache));
 
   OpCase rows;
@@ -964,6 +969,14 @@ TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
   EXPECT_THROW(cpu.add_rmsnorm(x, y, scale, 3, 4, 1e-6f, y3, {}, Values(3)), Error);  // branch scale of 3, not 4
   // Adding into dx while reading dy from the same memory would add a half-overwritten gradient.
   EXPECT_THROW(cpu.rmsnorm_backward(x, scale, 3, 4, 1e-6f, y, y, {}, /*accumulate=*/true), Error);
+  // RoPE's cache write: inside the cache, whole rows of tokens, caches as long as they say.
+  Values q(2 * 2 * 4), k(2 * 4), v(2 * 4), key_cache(2 * 3 * 4), value_cache(2 * 3 * 4);
+  const std::vector<int64_t> positions = {2, 2};
+  const auto rope_into = [&](const CacheWrite& into) { cpu.rope(q, 2, k, 1, 2, 4, positions, 1e4f, 1.f, 1.f, &into); };
+  EXPECT_NO_THROW(rope_into({v, 2, 3, 2, key_cache, value_cache}));
+  EXPECT_THROW(rope_into({v, 2, 3, 3, key_cache, value_cache}), Error);  // position 3 of 3
+  EXPECT_THROW(rope_into({v, 3, 3, 0, key_cache, value_cache}), Error);  // 2 tokens in 3 rows
+  EXPECT_THROW(rope_into({v, 2, 4, 0, key_cache, value_cache}), Error);  // caches of 3 positions, not 4
   // Several weights of one input must all be as wide as it.
   const WeightMatrix narrow = WeightMatrix::from_f32(2, 6, Values(12, 1.f)), wide = WeightMatrix::from_f32(1, 12, x);
   Values y2(2);

@@ -506,6 +506,7 @@ TEST(Cuda, ADecodeStepsRoundTripsAndLaunchesAreBounded) {
   const GemmaModel host = gemma2_tiny();
   const std::unique_ptr<Backend> gpu = make_cuda_backend(0);
   const GemmaModel model = upload_model(host, *gpu);
+  std::map<std::string, int64_t> last_launches;  // kernel name → launches of the latest run
   auto generate = [&](int max_length) {
     std::vector<std::vector<int32_t>> ids = {{2, 5, 9}, {2, 7}};
     std::vector<std::vector<uint8_t>> mask = {{1, 1, 1}, {1, 1}};
@@ -521,16 +522,25 @@ TEST(Cuda, ADecodeStepsRoundTripsAndLaunchesAreBounded) {
     const cuda_emulator::Counts& after = cuda_emulator::counts();
     // The host's own time: the run's, less what the emulated GPU spent working.
     const double host_us = 1e6 * (seconds - (after.device_seconds - before.device_seconds));
+    last_launches = after.launches;
+    for (const auto& [name, n] : before.launches) last_launches[name] -= n;
     return std::array<int64_t, 4>{after.kernel_launches() - before.kernel_launches(), after.products - before.products,
                                   after.downloads - before.downloads, int64_t(host_us)};
   };
   generate(8), generate(16);  // the first of each length (cache size): attention routes measured, memory allocated
-  const auto short_run = generate(8), long_run = generate(16);
+  const auto short_run = generate(8);
+  const std::map<std::string, int64_t> short_launches = last_launches;
+  const auto long_run = generate(16);
   const long long calls = (long_run[0] - short_run[0]) + (long_run[1] - short_run[1]);
   std::printf("8 decode steps of the tiny Gemma 2 (%d layers): %lld kernel launches, %lld cuBLAS products, %lld "
               "downloads; the host's own time %.1f us per call (this CPU, no driver)\n",
               host.config.num_layers, (long long)(long_run[0] - short_run[0]), (long long)(long_run[1] - short_run[1]),
               (long long)(long_run[2] - short_run[2]), double(long_run[3] - short_run[3]) / double(calls));
+  for (const auto& [name, n] : last_launches) {  // what the 8 more tokens launched, kernel by kernel
+    const auto shorter = short_launches.find(name);
+    const int64_t more = n - (shorter == short_launches.end() ? 0 : shorter->second);
+    if (more > 0) std::printf("  %-40s %lld\n", name.c_str(), (long long)more);
+  }
   EXPECT_EQ(long_run[2] - short_run[2], 8);
   // Decode's products of few rows (MESHTUNE_CUDA_LINEAR=auto): each shape's route measured once —
   // q, k and v of one input together; gate and up together; the attention output and the FFN's
@@ -540,20 +550,21 @@ TEST(Cuda, ADecodeStepsRoundTripsAndLaunchesAreBounded) {
   for (const std::string& line : linear_routes) std::printf("  %s\n", line.c_str());
   if (forced && std::string(forced) != "auto") EXPECT_TRUE(linear_routes.empty());
   else EXPECT_EQ(linear_routes.size(), 4u);
-  // Each launch and each cuBLAS product costs the host a driver call. Measured: 208 launches and no
+  // Each launch and each cuBLAS product costs the host a driver call. Measured: 192 launches and no
   // products with every route forced to our kernels (the few-row linear kernel serves q, k and v in
-  // one launch, and gate and up in one; RoPE of q and k with q's scale is one launch, and so are the
-  // cache writes of k and v, the attention branch's post-norm, join and the feed-forward's norm, and
+  // one launch, and gate and up in one; RoPE of q and k with q's scale and the cache writes of k and v
+  // are one launch, and so are the attention branch's post-norm, join and the feed-forward's norm, and
   // the feed-forward branch's post-norm, join and the next block's first norm or the final norm: 368
-  // calls before, 248 launches and 120 products; 240 launches before the post-norms joined); 136
-  // launches and 248 products with both forced to cuBLAS (decode's single queries make attention one
-  // product per row and head group; 168 launches before the post-norms joined), which the emulator's
-  // `auto` picks too (its cuBLAS is plain loops, its kernels fibers; a GPU measures otherwise). 328
-  // launches before inference stopped copying the residual stream for a backward pass it does not run.
+  // calls before, 248 launches and 120 products; 240 launches before the post-norms joined, 208 before
+  // RoPE wrote the cache); 120 launches and 248 products with both forced to cuBLAS (decode's single
+  // queries make attention one product per row and head group; 168 launches before the post-norms
+  // joined, 136 before RoPE wrote the cache), which the emulator's `auto` picks too (its cuBLAS is
+  // plain loops, its kernels fibers; a GPU measures otherwise). 328 launches before inference stopped
+  // copying the residual stream for a backward pass it does not run.
   const int64_t launches = long_run[0] - short_run[0], products = long_run[1] - short_run[1];
   const bool all_kernels = forced && std::string(forced) == "kernels";
-  EXPECT_LE(launches, 213);
-  EXPECT_LE(launches + products, all_kernels ? 213 : 390);
+  EXPECT_LE(launches, 197);
+  EXPECT_LE(launches + products, all_kernels ? 197 : 374);
 }
 #endif
 

@@ -258,11 +258,21 @@ void Backend::rmsnorm_backward(ConstFloats x, ConstFloats scale, int64_t rows, i
 }
 
 void Backend::rope(Floats q, int64_t q_heads, Floats k, int64_t k_heads, int64_t tokens, int64_t head_dim,
-                   Span<const int64_t> positions, float base, float scaling, float q_scale) {
+                   Span<const int64_t> positions, float base, float scaling, float q_scale, const CacheWrite* cache) {
   need(*this, q, tokens * q_heads * head_dim, "rope", "q");
   need(*this, k, tokens * k_heads * head_dim, "rope", "k");
   need(*this, positions, tokens, "rope", "positions");
-  rope_impl(q.data, q_heads, k.data, k_heads, tokens, head_dim, positions.data, base, scaling, q_scale);
+  if (cache) {
+    const int64_t B = cache->batch, width = k_heads * head_dim;
+    if (B <= 0 || tokens % B != 0) fail(name(), " backend: rope's cache write of ", tokens, " tokens in ", B, " rows");
+    const int64_t T = tokens / B;
+    if (cache->start < 0 || cache->start + T > cache->capacity) fail(name(), " backend: rope's cache write at ",
+          cache->start, "…", cache->start + T, " past the cache's ", cache->capacity, " positions");
+    need(*this, cache->values, tokens * width, "rope", "values");
+    need(*this, cache->key_cache, B * cache->capacity * width, "rope", "key_cache");
+    need(*this, cache->value_cache, B * cache->capacity * width, "rope", "value_cache");
+  }
+  rope_impl(q.data, q_heads, k.data, k_heads, tokens, head_dim, positions.data, base, scaling, q_scale, cache);
 }
 
 void Backend::rope_backward(Floats dq, int64_t q_heads, Floats dk, int64_t k_heads, int64_t tokens, int64_t head_dim,
@@ -396,17 +406,6 @@ void Backend::embedding_lookup_backward(ConstFloats dy, Span<const int32_t> ids,
   need(*this, ids, M, "embedding_lookup_backward", "ids");
   need(*this, grad, rows * dim, "embedding_lookup_backward", "grad");
   embedding_lookup_backward_impl(dy.data, ids.data, M, dim, first_row, rows, factor, grad.data);
-}
-
-void Backend::write_cache_rows(ConstFloats keys, ConstFloats values, int64_t B, int64_t T, int64_t width,
-                               int64_t capacity, int64_t start, Floats key_cache, Floats value_cache) {
-  if (start < 0 || start + T > capacity) fail(name(), " backend: write_cache_rows at ", start, "…", start + T,
-        " past the cache's ", capacity, " positions");
-  need(*this, keys, B * T * width, "write_cache_rows", "keys");
-  need(*this, values, B * T * width, "write_cache_rows", "values");
-  need(*this, key_cache, B * capacity * width, "write_cache_rows", "key_cache");
-  need(*this, value_cache, B * capacity * width, "write_cache_rows", "value_cache");
-  write_cache_rows_impl(keys.data, values.data, B, T, width, capacity, start, key_cache.data, value_cache.data);
 }
 
 void Backend::gather_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst) {

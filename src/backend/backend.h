@@ -35,6 +35,15 @@ struct LinearOutputGradient {
   ConstFloats dy;
 };
 
+// Where RoPE (Backend::rope) also writes a step's rotated keys and its values: into their caches
+// [batch, capacity, k_heads·head_dim] at positions start … start+T−1 (tokens = batch·T) — a decoding
+// step's KV-cache write, in the same call (on a GPU, the same launch).
+struct CacheWrite {
+  ConstFloats values;  // the step's values [tokens, k_heads·head_dim], written as they are
+  int64_t batch = 0, capacity = 0, start = 0;
+  Floats key_cache, value_cache;
+};
+
 // One variable of an optimizer step over many: its value, gradient and AdamW slots (n values each),
 // and whether weight decay applies to it.
 struct AdamWVariable {
@@ -117,9 +126,10 @@ class Backend : public Allocator {
                         Floats dx, Floats dscale, bool accumulate = false);
   // RoPE in place on the queries q [tokens, q_heads, head_dim] and the keys k [tokens, k_heads,
   // head_dim], token t at positions[t]; then q ·= q_scale (the query scaling). Backward: dq ·= q_scale,
-  // then dq and dk rotated back. One call for both (on a GPU one launch, not three).
+  // then dq and dk rotated back. One call for both (on a GPU one launch, not three). With `cache`, the
+  // rotated keys and the step's values go into a KV cache too (CacheWrite).
   void rope(Floats q, int64_t q_heads, Floats k, int64_t k_heads, int64_t tokens, int64_t head_dim,
-            Span<const int64_t> positions, float base, float scaling, float q_scale);
+            Span<const int64_t> positions, float base, float scaling, float q_scale, const CacheWrite* cache = nullptr);
   void rope_backward(Floats dq, int64_t q_heads, Floats dk, int64_t k_heads, int64_t tokens, int64_t head_dim,
                      Span<const int64_t> positions, float base, float scaling, float q_scale);
   // Attention of q [B·T, N·H] over a cache k, v [B, S, K·H] (key_valid [B, S]) → out [B·T, N·H].
@@ -153,10 +163,6 @@ class Backend : public Allocator {
   void embedding_lookup(const WeightMatrix& table, int64_t first_row, Span<const int32_t> ids, int64_t M, Floats out);
   void embedding_lookup_backward(ConstFloats dy, Span<const int32_t> ids, int64_t M, int64_t dim, int64_t first_row,
                                  int64_t rows, float factor, Floats grad);
-  // A step's keys and values, [B, T, width] each, into their [B, capacity, width] caches at positions
-  // start … start+T−1.
-  void write_cache_rows(ConstFloats keys, ConstFloats values, int64_t B, int64_t T, int64_t width, int64_t capacity,
-                        int64_t start, Floats key_cache, Floats value_cache);
   // dst[i] = src row rows[i], and dst row rows[i] = src[i] (rows of dim floats; rows on the host).
   void gather_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst);
   void scatter_rows(ConstFloats src, Span<const int64_t> rows, int64_t dim, Floats dst);
@@ -216,8 +222,10 @@ class Backend : public Allocator {
                                 int64_t rows, int64_t dim, float eps, float* y, float* x_copy);
   virtual void rmsnorm_backward_impl(const float* x, const float* scale, int64_t rows, int64_t dim, float eps,
                                      const float* dy, float* dx, float* dscale, bool accumulate) = 0;
+  // `cache` null: none; its spans checked against tokens, k_heads and head_dim.
   virtual void rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
-                         const int64_t* positions, float base, float scaling, float q_scale) = 0;
+                         const int64_t* positions, float base, float scaling, float q_scale,
+                         const CacheWrite* cache) = 0;
   virtual void rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens,
                                   int64_t head_dim, const int64_t* positions, float base, float scaling,
                                   float q_scale) = 0;
@@ -246,8 +254,6 @@ class Backend : public Allocator {
                                      float* out) = 0;
   virtual void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
                                               int64_t first_row, int64_t rows, float factor, float* grad) = 0;
-  virtual void write_cache_rows_impl(const float* keys, const float* values, int64_t B, int64_t T, int64_t width,
-                                     int64_t capacity, int64_t start, float* key_cache, float* value_cache) = 0;
   virtual void gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) = 0;
   virtual void scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) = 0;
   virtual void interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part,

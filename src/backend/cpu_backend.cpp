@@ -145,10 +145,15 @@ void CpuBackend::rmsnorm_backward_impl(const float* x, const float* scale, int64
   meshtune::rmsnorm_backward(path_, x, scale, rows, dim, eps, dy, dx, dscale, accumulate);
 }
 void CpuBackend::rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
-                           const int64_t* positions, float base, float scaling, float q_scale) {
+                           const int64_t* positions, float base, float scaling, float q_scale,
+                           const CacheWrite* cache) {
   meshtune::rope(path_, q, tokens, q_heads, head_dim, positions, base, scaling);
   meshtune::rope(path_, k, tokens, k_heads, head_dim, positions, base, scaling);
   scale_impl(q, tokens * q_heads * head_dim, q_scale);
+  if (!cache) return;
+  const int64_t B = cache->batch, T = tokens / B, width = k_heads * head_dim;
+  meshtune::write_cache_rows(k, B, T, width, cache->capacity, cache->start, cache->key_cache.data);
+  meshtune::write_cache_rows(cache->values.data, B, T, width, cache->capacity, cache->start, cache->value_cache.data);
 }
 void CpuBackend::rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens,
                                     int64_t head_dim, const int64_t* positions, float base, float scaling,
@@ -205,11 +210,6 @@ void CpuBackend::embedding_lookup_impl(const WeightMatrix& table, int64_t first_
 void CpuBackend::embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
                                                 int64_t first_row, int64_t rows, float factor, float* grad) {
   meshtune::embedding_lookup_backward(dy, ids, M, dim, first_row, rows, factor, grad);
-}
-void CpuBackend::write_cache_rows_impl(const float* keys, const float* values, int64_t B, int64_t T, int64_t width,
-                                       int64_t capacity, int64_t start, float* key_cache, float* value_cache) {
-  meshtune::write_cache_rows(keys, B, T, width, capacity, start, key_cache);
-  meshtune::write_cache_rows(values, B, T, width, capacity, start, value_cache);
 }
 void CpuBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
   meshtune::gather_rows(src, rows, n, dim, dst);

@@ -61,7 +61,8 @@ class CpuBackend final : public Backend {
                              const float* dy, float* dx, float* dscale,
                              bool accumulate) override;
   void rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
-                 const int64_t* positions, float base, float scaling, float q_scale) override;
+                 const int64_t* positions, float base, float scaling, float q_scale,
+                 const CacheWrite* cache) override;
   void rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens, int64_t head_dim,
                           const int64_t* positions, float base, float scaling, float q_scale) override;
   void attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
@@ -87,8 +88,6 @@ class CpuBackend final : public Backend {
                              float* out) override;
   void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim, int64_t first_row,
                                       int64_t rows, float factor, float* grad) override;
-  void write_cache_rows_impl(const float* keys, const float* values, int64_t B, int64_t T, int64_t width,
-                             int64_t capacity, int64_t start, float* key_cache, float* value_cache) override;
   void gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) override;
   void scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) override;
   void interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part, float* out) override;

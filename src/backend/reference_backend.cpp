@@ -190,10 +190,21 @@ static void rotate_halves(float* x, int64_t tokens, int64_t heads, int64_t head_
 }
 
 void ReferenceBackend::rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens,
-                                 int64_t head_dim, const int64_t* positions, float base, float scaling, float q_scale) {
+                                 int64_t head_dim, const int64_t* positions, float base, float scaling, float q_scale,
+                                 const CacheWrite* cache) {
   rotate_halves(q, tokens, q_heads, head_dim, positions, base, scaling, 1.0);
   rotate_halves(k, tokens, k_heads, head_dim, positions, base, scaling, 1.0);
   scale_impl(q, tokens * q_heads * head_dim, q_scale);
+  if (!cache) return;
+  // Token m = b·T + t goes to cache row b·capacity + start + t.
+  const int64_t T = tokens / cache->batch, width = k_heads * head_dim;
+  for (int64_t m = 0; m < tokens; ++m) {
+    const int64_t row = (m / T) * cache->capacity + cache->start + m % T;
+    for (int64_t w = 0; w < width; ++w) {
+      cache->key_cache.data[row * width + w] = k[m * width + w];
+      cache->value_cache.data[row * width + w] = cache->values.data[m * width + w];
+    }
+  }
 }
 
 void ReferenceBackend::rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens,
@@ -394,17 +405,6 @@ void ReferenceBackend::embedding_lookup_backward_impl(const float* dy, const int
     if (r < 0 || r >= rows) continue;
     for (int64_t c = 0; c < dim; ++c) grad[r * dim + c] += factor * dy[m * dim + c];
   }
-}
-
-void ReferenceBackend::write_cache_rows_impl(const float* keys, const float* values, int64_t B, int64_t T,
-                                             int64_t width, int64_t capacity, int64_t start, float* key_cache,
-                                             float* value_cache) {
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t w = 0; w < width; ++w) {
-        key_cache[(b * capacity + start + t) * width + w] = keys[(b * T + t) * width + w];
-        value_cache[(b * capacity + start + t) * width + w] = values[(b * T + t) * width + w];
-      }
 }
 
 void ReferenceBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {

@@ -214,16 +214,17 @@ static Branch decoder_block(const Context& ctx, const GemmaModel& model, const D
     b.rmsnorm(a.q_raw, w.query_norm, M * N, H, eps, a.q);
     b.rmsnorm(a.k_raw, w.key_norm, M * K, H, eps, a.k);
   }
-  b.rope(a.q, N, a.k, K, M, H, positions, c.rope_base(layer), c.rope_scaling(layer), c.query_scale());
-
-  // This step's keys/values go into the cache at [b, start + t]; a cache of one pass keeps none, and
-  // attention reads the step's own ([B, T = S, K·H], the cache's layout).
+  // RoPE also writes this step's keys/values into the cache at [b, start + t]; a cache of one pass
+  // keeps none, and attention reads the step's own ([B, T = S, K·H], the cache's layout).
   ConstFloats keys = a.k, values = a.v;
+  CacheWrite into_cache;
   if (cache.keeps_keys()) {
     FloatBuffer &cache_k = cache.keys[size_t(layer)], &cache_v = cache.values[size_t(layer)];
-    b.write_cache_rows(a.k, a.v, B, T, K * H, S, start, cache_k, cache_v);
+    into_cache = {a.v, B, S, start, cache_k, cache_v};
     keys = cache_k, values = cache_v;
   }
+  b.rope(a.q, N, a.k, K, M, H, positions, c.rope_base(layer), c.rope_scaling(layer), c.query_scale(),
+         cache.keeps_keys() ? &into_cache : nullptr);
 
   buffer(a.attended, M * N * H);
   buffer(a.attn_projected, M * D);

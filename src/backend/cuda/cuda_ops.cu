@@ -125,15 +125,37 @@ __global__ void rmsnorm_scale_grad_kernel(const float* x, const float* dy, const
 // One block per (token, head) row at a time — the query rows, then the key rows —, its threads over
 // the pairs (i, i + half): a thread per pair spent most of its time in the three 64-bit divisions that
 // found its row and pair. The query rows are scaled by q_scale after the rotation (forward) or before
-// it (backward, the inverse rotation), each a rounding of its own, as two separate ops round.
+// it (backward, the inverse rotation), each a rounding of its own, as two separate ops round. With a
+// cache (forward), the rotated key rows go into the key cache too, and a third run of rows copies the
+// values into theirs: token m = b·T + t, head h to cache row b·capacity + start + t.
+struct RopeCacheRows {
+  const float* values = nullptr;  // null: no cache
+  int64_t T = 0, capacity = 0, start = 0;
+  float *key_cache = nullptr, *value_cache = nullptr;
+};
+
 __global__ void rope_kernel(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
-                            const int64_t* positions, float base, float scaling, float q_scale, bool inverse) {
-  const int64_t half = head_dim / 2, q_rows = tokens * q_heads;
-  for (int64_t row = blockIdx.x; row < q_rows + tokens * k_heads; row += gridDim.x) {
+                            const int64_t* positions, float base, float scaling, float q_scale, bool inverse,
+                            RopeCacheRows cache) {
+  const int64_t half = head_dim / 2, q_rows = tokens * q_heads, k_rows = tokens * k_heads;
+  const int64_t rows = q_rows + (cache.values ? 2 : 1) * k_rows;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    // In the cache: a key or value row r (token r / k_heads, head r % k_heads).
+    auto cache_row = [&](float* into, int64_t r) {
+      const int64_t m = r / k_heads;
+      return into + (((m / cache.T) * cache.capacity + cache.start + m % cache.T) * k_heads + r % k_heads) * head_dim;
+    };
+    if (row >= q_rows + k_rows) {  // a value row, copied
+      const int64_t r = row - q_rows - k_rows;
+      float* into = cache_row(cache.value_cache, r);
+      for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) into[i] = cache.values[r * head_dim + i];
+      continue;
+    }
     const bool of_q = row < q_rows;
     const int64_t heads = of_q ? q_heads : k_heads, r = of_q ? row : row - q_rows;
     const float position = float(positions[r / heads]);
     float* v = (of_q ? q : k) + r * head_dim;
+    float* cached = !of_q && cache.values ? cache_row(cache.key_cache, r) : nullptr;
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
       const float angle = position * rope_inverse_frequency(i, head_dim, base, scaling);
       const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
@@ -143,6 +165,7 @@ __global__ void rope_kernel(float* q, int64_t q_heads, float* k, int64_t k_heads
       if (of_q && !inverse) y1 *= q_scale, y2 *= q_scale;
       v[i] = y1;
       v[i + half] = y2;
+      if (cached) cached[i] = y1, cached[i + half] = y2;
     }
   }
 }
@@ -150,12 +173,12 @@ __global__ void rope_kernel(float* q, int64_t q_heads, float* k, int64_t k_heads
 // Its launch: up to 65536 blocks of the pairs of a row, rounded up to whole warps.
 static void launch_rope(CudaState& st, float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens,
                         int64_t head_dim, const int64_t* positions, float base, float scaling, float q_scale,
-                        bool inverse) {
-  const int64_t rows = tokens * (q_heads + k_heads);
+                        bool inverse, RopeCacheRows cache = {}) {
+  const int64_t rows = tokens * (q_heads + (cache.values ? 2 : 1) * k_heads);
   if (rows == 0) return;
   const unsigned threads = unsigned(std::clamp<int64_t>((head_dim / 2 + 31) / 32 * 32, 32, kThreads));
   rope_kernel<<<unsigned(std::min<int64_t>(rows, 65536)), threads, 0, st.stream>>>(
-      q, q_heads, k, k_heads, tokens, head_dim, positions, base, scaling, q_scale, inverse);
+      q, q_heads, k, k_heads, tokens, head_dim, positions, base, scaling, q_scale, inverse, cache);
   check_launch(inverse ? "rope_backward" : "rope");
 }
 
@@ -630,16 +653,6 @@ __global__ void embedding_lookup_backward_kernel(const float* dy, const int32_t*
 }
 
 // The keys (blockIdx.y = 0) and the values (1) in one launch.
-__global__ void write_cache_rows_kernel(const float* keys, const float* values, int64_t B, int64_t T, int64_t width,
-                                        int64_t capacity, int64_t start, float* key_cache, float* value_cache) {
-  const float* rows = blockIdx.y == 0 ? keys : values;
-  float* cache = blockIdx.y == 0 ? key_cache : value_cache;
-  FOR_EACH_INDEX(e, B * T * width) {
-    const int64_t w = e % width, t = (e / width) % T, b = e / (width * T);
-    cache[(b * capacity + start + t) * width + w] = rows[e];
-  }
-}
-
 __global__ void gather_rows_kernel(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
   FOR_EACH_INDEX(e, n * dim) dst[e] = src[rows[e / dim] * dim + e % dim];
 }
@@ -773,8 +786,13 @@ void CudaBackend::rmsnorm_backward_impl(const float* x, const float* scale, int6
 }
 
 void CudaBackend::rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
-                            const int64_t* positions, float base, float scaling, float q_scale) {
-  launch_rope(*state_, q, q_heads, k, k_heads, tokens, head_dim, positions, base, scaling, q_scale, false);
+                            const int64_t* positions, float base, float scaling, float q_scale,
+                            const CacheWrite* cache) {
+  RopeCacheRows rows;
+  if (cache)
+    rows = {cache->values.data, tokens / cache->batch, cache->capacity, cache->start, cache->key_cache.data,
+            cache->value_cache.data};
+  launch_rope(*state_, q, q_heads, k, k_heads, tokens, head_dim, positions, base, scaling, q_scale, false, rows);
 }
 
 void CudaBackend::rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens,
@@ -1119,13 +1137,6 @@ void CudaBackend::embedding_lookup_backward_impl(const float* dy, const int32_t*
   embedding_lookup_backward_kernel<<<blocks_for(dim), kThreads, 0, state_->stream>>>(dy, ids, M, dim, first_row, rows,
                                                                                      factor, grad);
   check_launch("embedding_lookup_backward");
-}
-void CudaBackend::write_cache_rows_impl(const float* keys, const float* values, int64_t B, int64_t T, int64_t width,
-                                        int64_t capacity, int64_t start, float* key_cache, float* value_cache) {
-  if (B * T * width == 0) return;
-  write_cache_rows_kernel<<<dim3(unsigned(blocks_for(B * T * width)), 2), kThreads, 0, state_->stream>>>(
-      keys, values, B, T, width, capacity, start, key_cache, value_cache);
-  check_launch("write_cache_rows");
 }
 void CudaBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
   gather_rows_kernel<<<blocks_for(n * dim), kThreads, 0, state_->stream>>>(src, rows, n, dim, dst);
