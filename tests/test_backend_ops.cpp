@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -610,6 +611,32 @@ std::vector<OpCase> data_movement_cases() {
   };
   elementwise.tolerance = 0;  // exact on every backend
   cases.push_back(std::move(elementwise));
+
+  // Many arrays zeroed at once (a step's gradients): every other one of 140 parts of one array, of
+  // sizes 0 … 4999 — 70 arrays, more than a GPU launch takes; the parts between keep their values.
+  OpCase zero_many;
+  zero_many.name = "zero_many";
+  const auto part_sizes = [] {
+    std::vector<size_t> sizes;
+    for (size_t i = 0; i < 140; ++i) sizes.push_back(i * 3637 % 5000);
+    return sizes;
+  };
+  zero_many.make_inputs = [part_sizes] {
+    const std::vector<size_t> sizes = part_sizes();
+    return Inputs{random_vector(std::accumulate(sizes.begin(), sizes.end(), size_t(0)), 27)};
+  };
+  zero_many.forward = [part_sizes](Backend& b, Inputs& in) {
+    FloatBuffer x = put(b, in[0]);
+    const std::vector<size_t> sizes = part_sizes();
+    std::vector<Floats> zeroed;
+    size_t offset = 0;
+    for (size_t i = 0; i < sizes.size(); offset += sizes[i], ++i)
+      if (i % 2 == 0) zeroed.push_back(x.span().part(offset, sizes[i]));
+    b.zero(zeroed);
+    return Inputs{get(b, x)};
+  };
+  zero_many.tolerance = 0;
+  cases.push_back(std::move(zero_many));
 
   // Arrays narrowed into consecutive parts of one bf16 array and widened back (as training keeps a
   // block's activations under mixed_bfloat16): 20 parts of different sizes, some empty — more than

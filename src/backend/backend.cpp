@@ -448,6 +448,15 @@ void Backend::zero(Floats x, int64_t n) {
   zero_impl(x.data, n);
 }
 
+void Backend::zero(const std::vector<Floats>& arrays) {
+  for (const Floats& x : arrays) need(*this, x, int64_t(x.size), "zero", "an array");
+  zero_many_impl(arrays);
+}
+
+void Backend::zero_many_impl(const std::vector<Floats>& arrays) {
+  for (const Floats& x : arrays) zero_impl(x.data, int64_t(x.size));
+}
+
 void Backend::add_into(Floats x, ConstFloats y, int64_t n) {
   need(*this, x, n, "add_into", "x");
   need(*this, y, n, "add_into", "y");

@@ -170,6 +170,8 @@ class Backend : public Allocator {
   void interleave_column_blocks(ConstFloats blocks, int parts, int64_t M, int64_t part, Floats out);
   void copy(ConstFloats src, int64_t n, Floats dst);       // dst = src
   void zero(Floats x, int64_t n);                          // x = 0
+  // Every array = 0, whole (a step's gradients: on a GPU a few launches, not one per array).
+  void zero(const std::vector<Floats>& arrays);
   void add_into(Floats x, ConstFloats y, int64_t n);       // x += y
   void scale(Floats x, int64_t n, float factor);           // x ·= factor
   void narrow_to_bf16(ConstFloats src, int64_t n, Span<uint16_t> dst);
@@ -267,6 +269,8 @@ class Backend : public Allocator {
   // By default each part on its own (narrow_to_bf16_impl / widen_bf16_impl).
   virtual void narrow_parts_to_bf16_impl(const std::vector<ConstFloats>& parts, uint16_t* dst);
   virtual void widen_bf16_parts_impl(const uint16_t* src, const std::vector<Floats>& parts);
+  // By default each array on its own (zero_impl).
+  virtual void zero_many_impl(const std::vector<Floats>& arrays);
   // By default each variable on its own (adamw_update_impl).
   virtual void adamw_update_many_impl(const std::vector<AdamWVariable>& variables, const AdamWStep& step);
   virtual void adamw_update_impl(float* theta, const float* grad, float* m, float* v, int64_t n,

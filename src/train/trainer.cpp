@@ -22,7 +22,9 @@ long long Trainer::trainable_count() const {
 }
 
 void Trainer::zero_gradients() {
-  for (Trainable& t : trainables_) backend_->zero(t.grad, int64_t(t.size));
+  std::vector<Floats> grads;
+  for (Trainable& t : trainables_) grads.push_back(t.grad.part(0, t.size));
+  backend_->zero(grads);
 }
 
 void Trainer::accumulate_gradients(const Batch& global_batch, double loss_scale, LossSums& sums) {

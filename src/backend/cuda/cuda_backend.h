@@ -90,6 +90,7 @@ class CudaBackend final : public Backend {
   void interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part, float* out) override;
   void copy_impl(const float* src, int64_t n, float* dst) override;
   void zero_impl(float* x, int64_t n) override;
+  void zero_many_impl(const std::vector<Floats>& arrays) override;
   void add_into_impl(float* x, const float* y, int64_t n) override;
   void scale_impl(float* x, int64_t n, float factor) override;
   void narrow_to_bf16_impl(const float* src, int64_t n, uint16_t* dst) override;

@@ -746,6 +746,14 @@ __global__ void not_finite_kernel(ArrayBatch arrays, int* not_finite) {
   const float* x = arrays.data[blockIdx.y];
   FOR_EACH_INDEX(i, arrays.size[blockIdx.y]) if (!isfinite(x[i])) not_finite[blockIdx.y] = 1;
 }
+struct WritableArrayBatch {
+  float* data[kArraysPerLaunch];
+  int64_t size[kArraysPerLaunch];
+};
+__global__ void zero_many_kernel(WritableArrayBatch arrays) {
+  float* x = arrays.data[blockIdx.y];
+  FOR_EACH_INDEX(i, arrays.size[blockIdx.y]) x[i] = 0.f;
+}
 
 }  // namespace
 
@@ -1202,6 +1210,15 @@ void CudaBackend::scale_by_ratio_impl(float* x, int64_t n, float numerator, floa
 void CudaBackend::clamp_impl(float* x, int64_t n, float limit) {
   clamp_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, n, limit);
   check_launch("clamp");
+}
+void CudaBackend::zero_many_impl(const std::vector<Floats>& arrays) {
+  const auto size = [&](size_t a) { return int64_t(arrays[a].size); };
+  cuda::launch_per_group(arrays.size(), kArraysPerLaunch, size, [&](size_t first, size_t count, dim3 grid) {
+    WritableArrayBatch batch{};
+    for (size_t a = 0; a < count; ++a) batch.data[a] = arrays[first + a].data, batch.size[a] = size(first + a);
+    zero_many_kernel<<<grid, kThreads, 0, state_->stream>>>(batch);
+    check_launch("zero (many)");
+  });
 }
 int64_t CudaBackend::first_not_finite_impl(const std::vector<ConstFloats>& arrays) {
   if (arrays.empty()) return -1;
