@@ -393,11 +393,11 @@ void Backend::softmax_cross_entropy_backward(Floats z, int64_t n, int64_t cols, 
 }
 
 void Backend::embedding_lookup(const WeightMatrix& table, int64_t first_row, Span<const int32_t> ids, int64_t M,
-                               Floats out) {
+                               Floats out, float factor) {
   need_matrix(*this, table, "embedding_lookup");
   need(*this, ids, M, "embedding_lookup", "ids");
   need(*this, out, M * table.cols, "embedding_lookup", "out");
-  embedding_lookup_impl(table, first_row, ids.data, M, out.data);
+  embedding_lookup_impl(table, first_row, ids.data, M, factor, out.data);
 }
 
 void Backend::embedding_lookup_backward(ConstFloats dy, Span<const int32_t> ids, int64_t M, int64_t dim,

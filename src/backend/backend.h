@@ -158,9 +158,11 @@ class Backend : public Allocator {
                                       ConstFloats weights, double loss_scale, const SoftmaxRows& stats, float cap);
 
   // ---- data movement ----
-  // out[m] = table row ids[m] − first_row for the ids the table holds, zeros for the others; its
+  // out[m] = factor · table row ids[m] − first_row for the ids the table holds (the row widened to
+  // fp32, then multiplied: Gemma's √D scale in the lookup's own call), zeros for the others; its
   // gradient adds factor·dy[m] into grad[ids[m] − first_row] ([rows, dim]).
-  void embedding_lookup(const WeightMatrix& table, int64_t first_row, Span<const int32_t> ids, int64_t M, Floats out);
+  void embedding_lookup(const WeightMatrix& table, int64_t first_row, Span<const int32_t> ids, int64_t M, Floats out,
+                        float factor = 1);
   void embedding_lookup_backward(ConstFloats dy, Span<const int32_t> ids, int64_t M, int64_t dim, int64_t first_row,
                                  int64_t rows, float factor, Floats grad);
   // dst[i] = src row rows[i], and dst row rows[i] = src[i] (rows of dim floats; rows on the host).
@@ -253,7 +255,7 @@ class Backend : public Allocator {
                                                    const float* max_and_argmax, const double* sum_exp_and_target,
                                                    float cap) = 0;
   virtual void embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
-                                     float* out) = 0;
+                                     float factor, float* out) = 0;
   virtual void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
                                               int64_t first_row, int64_t rows, float factor, float* grad) = 0;
   virtual void gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) = 0;

@@ -204,8 +204,8 @@ void CpuBackend::softmax_cross_entropy_backward_impl(float* z, int64_t n, int64_
                                            sum_exp_and_target, cap);
 }
 void CpuBackend::embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
-                                       float* out) {
-  meshtune::embedding_lookup(table, first_row, ids, M, out);
+                                       float factor, float* out) {
+  meshtune::embedding_lookup(table, first_row, ids, M, factor, out);
 }
 void CpuBackend::embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
                                                 int64_t first_row, int64_t rows, float factor, float* grad) {

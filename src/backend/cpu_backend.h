@@ -85,7 +85,7 @@ class CpuBackend final : public Backend {
                                            const float* weights, double loss_scale, const float* max_and_argmax,
                                            const double* sum_exp_and_target, float cap) override;
   void embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
-                             float* out) override;
+                             float factor, float* out) override;
   void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim, int64_t first_row,
                                       int64_t rows, float factor, float* grad) override;
   void gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) override;

@@ -391,10 +391,11 @@ void ReferenceBackend::softmax_cross_entropy_backward_impl(float* z, int64_t n, 
 // ---- data movement ----
 
 void ReferenceBackend::embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids,
-                                             int64_t M, float* out) {
+                                             int64_t M, float factor, float* out) {
   for (int64_t m = 0; m < M; ++m) {
     const int64_t r = int64_t(ids[m]) - first_row;
-    for (int64_t c = 0; c < table.cols; ++c) out[m * table.cols + c] = r >= 0 && r < table.rows ? table.at(r, c) : 0.f;
+    for (int64_t c = 0; c < table.cols; ++c)
+      out[m * table.cols + c] = r >= 0 && r < table.rows ? table.at(r, c) * factor : 0.f;
   }
 }
 

@@ -218,13 +218,14 @@ static Branch decoder_block(const Context& ctx, const GemmaModel& model, const D
   // keeps none, and attention reads the step's own ([B, T = S, K·H], the cache's layout).
   ConstFloats keys = a.k, values = a.v;
   CacheWrite into_cache;
+  const CacheWrite* cache_write = nullptr;
   if (cache.keeps_keys()) {
     FloatBuffer &cache_k = cache.keys[size_t(layer)], &cache_v = cache.values[size_t(layer)];
     into_cache = {a.v, B, S, start, cache_k, cache_v};
+    cache_write = &into_cache;
     keys = cache_k, values = cache_v;
   }
-  b.rope(a.q, N, a.k, K, M, H, positions, c.rope_base(layer), c.rope_scaling(layer), c.query_scale(),
-         cache.keeps_keys() ? &into_cache : nullptr);
+  b.rope(a.q, N, a.k, K, M, H, positions, c.rope_base(layer), c.rope_scaling(layer), c.query_scale(), cache_write);
 
   buffer(a.attended, M * N * H);
   buffer(a.attn_projected, M * D);
@@ -326,13 +327,17 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
     host.resize(size_t(M * D));
     b.download(x, host);
   };
-  b.embedding_lookup(model.embeddings, model.vocab_offset, ws.ids, M, x);
-  // Vocabulary split: each row came from one process, the others hold zeros there.
+  // Gemma scales the embeddings by √D (rounded to the compute dtype first): in the lookup's own call,
+  // except for a trace, which keeps the rows before and after.
+  const float embedding_scale = float(std::sqrt(double(D)));
+  b.embedding_lookup(model.embeddings, model.vocab_offset, ws.ids, M, x, trace ? 1.f : embedding_scale);
+  // Vocabulary split: each row came from one process, the others hold zeros there (scaled, still zeros).
   if (model.vocab_parallel()) ctx.tensor_parallel.sum_partials(x);
-  if (trace) copy_out(trace->embedding_lookup);
-  const float embedding_scale = float(std::sqrt(double(D)));  // rounded to the compute dtype first
-  b.scale(x, M * D, embedding_scale);
-  if (trace) copy_out(trace->embedding_scaled);
+  if (trace) {
+    copy_out(trace->embedding_lookup);
+    b.scale(x, M * D, embedding_scale);
+    copy_out(trace->embedding_scaled);
+  }
 
   Branch pending;  // the last block's feed-forward branch, not yet in x
   const auto join_pending = [&] {  // on its own, for the trace

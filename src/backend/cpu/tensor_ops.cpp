@@ -22,12 +22,19 @@ void scale_in_place(float* x, int64_t n, float factor) {
 }
 
 
-void embedding_lookup(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M, float* out) {
+void embedding_lookup(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M, float factor,
+                      float* out) {
   const int64_t D = table.cols;
   for (int64_t m = 0; m < M; ++m) {
     const int64_t row = int64_t(ids[m]) - first_row;
-    if (row >= 0 && row < table.rows) table.row_to_f32(row, out + m * D);
-    else std::fill(out + m * D, out + (m + 1) * D, 0.f);
+    float* y = out + m * D;
+    if (row < 0 || row >= table.rows) {
+      std::fill(y, y + D, 0.f);
+      continue;
+    }
+    table.row_to_f32(row, y);  // widened (and dequantized) first, then scaled: two roundings
+    if (factor != 1.f)
+      for (int64_t i = 0; i < D; ++i) y[i] *= factor;
   }
 }
 

@@ -16,7 +16,8 @@ void scale_in_place(float* x, int64_t n, float factor);  // x *= factor
 
 // out[m] = table row ids[m] − first_row (fp32) for the ids this table holds (rows first_row …
 // first_row + table.rows − 1: a vocabulary-parallel part), zeros for the others.
-void embedding_lookup(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M, float* out);
+void embedding_lookup(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M, float factor,
+                      float* out);
 // Its gradient: grad[ids[m] − first_row] += factor · dy[m] for the rows this table holds.
 void embedding_lookup_backward(const float* dy, const int32_t* ids, int64_t M, int64_t dim, int64_t first_row,
                                int64_t rows, float factor, float* grad);

@@ -627,7 +627,7 @@ struct MatrixView {
 };
 
 __global__ void embedding_lookup_kernel(MatrixView table, int64_t first_row, const int32_t* ids, int64_t M,
-                                        float* out) {
+                                        float factor, float* out) {
   FOR_EACH_INDEX(e, M * table.cols) {
     const int64_t m = e / table.cols, c = e % table.cols, r = int64_t(ids[m]) - first_row;
     float value = 0;
@@ -636,6 +636,7 @@ __global__ void embedding_lookup_kernel(MatrixView table, int64_t first_row, con
       value = table.dtype == DType::BF16 ? bf16_to_f32(table.bf16()[i])
               : table.dtype == DType::I8 ? float(table.i8()[i]) / table.scales[r]
                                          : table.f32()[i];
+      value *= factor;  // after the row's own rounding to fp32, as the CPU scales it
     }
     out[e] = value;
   }
@@ -736,21 +737,28 @@ __global__ void scale_by_ratio_kernel(float* x, int64_t n, float numerator, floa
 __global__ void clamp_kernel(float* x, int64_t n, float limit) {
   FOR_EACH_INDEX(i, n) x[i] = x[i] < -limit ? -limit : (limit < x[i] ? limit : x[i]);  // std::clamp's order
 }
-// Up to 64 arrays a launch (cuda::launch_per_group), their pointers and sizes a kernel parameter (1 KB).
+// Up to 64 arrays a launch (cuda::launch_per_group), their pointers and sizes a kernel parameter (1 KB):
+// arrays first … first + count − 1 of a list of spans (const float or float).
 constexpr int kArraysPerLaunch = 64;
+template <class Element>
 struct ArrayBatch {
-  const float* data[kArraysPerLaunch];
+  Element* data[kArraysPerLaunch];
   int64_t size[kArraysPerLaunch];
 };
-__global__ void not_finite_kernel(ArrayBatch arrays, int* not_finite) {
+template <class Element>
+ArrayBatch<Element> array_batch(const std::vector<Span<Element>>& arrays, size_t first, size_t count) {
+  ArrayBatch<Element> batch{};
+  for (size_t a = 0; a < count; ++a) {
+    batch.data[a] = arrays[first + a].data;
+    batch.size[a] = int64_t(arrays[first + a].size);
+  }
+  return batch;
+}
+__global__ void not_finite_kernel(ArrayBatch<const float> arrays, int* not_finite) {
   const float* x = arrays.data[blockIdx.y];
   FOR_EACH_INDEX(i, arrays.size[blockIdx.y]) if (!isfinite(x[i])) not_finite[blockIdx.y] = 1;
 }
-struct WritableArrayBatch {
-  float* data[kArraysPerLaunch];
-  int64_t size[kArraysPerLaunch];
-};
-__global__ void zero_many_kernel(WritableArrayBatch arrays) {
+__global__ void zero_many_kernel(ArrayBatch<float> arrays) {
   float* x = arrays.data[blockIdx.y];
   FOR_EACH_INDEX(i, arrays.size[blockIdx.y]) x[i] = 0.f;
 }
@@ -1135,9 +1143,10 @@ void CudaBackend::softmax_cross_entropy_backward_impl(float* z, int64_t n, int64
 }
 
 void CudaBackend::embedding_lookup_impl(const WeightMatrix& table, int64_t first_row, const int32_t* ids, int64_t M,
-                                        float* out) {
+                                        float factor, float* out) {
   const MatrixView view{table.data, table.scales, table.rows, table.cols, table.dtype};
-  embedding_lookup_kernel<<<blocks_for(M * table.cols), kThreads, 0, state_->stream>>>(view, first_row, ids, M, out);
+  embedding_lookup_kernel<<<blocks_for(M * table.cols), kThreads, 0, state_->stream>>>(view, first_row, ids, M, factor,
+                                                                                        out);
   check_launch("embedding_lookup");
 }
 void CudaBackend::embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
@@ -1214,9 +1223,7 @@ void CudaBackend::clamp_impl(float* x, int64_t n, float limit) {
 void CudaBackend::zero_many_impl(const std::vector<Floats>& arrays) {
   const auto size = [&](size_t a) { return int64_t(arrays[a].size); };
   cuda::launch_per_group(arrays.size(), kArraysPerLaunch, size, [&](size_t first, size_t count, dim3 grid) {
-    WritableArrayBatch batch{};
-    for (size_t a = 0; a < count; ++a) batch.data[a] = arrays[first + a].data, batch.size[a] = size(first + a);
-    zero_many_kernel<<<grid, kThreads, 0, state_->stream>>>(batch);
+    zero_many_kernel<<<grid, kThreads, 0, state_->stream>>>(array_batch(arrays, first, count));
     check_launch("zero (many)");
   });
 }
@@ -1228,9 +1235,7 @@ int64_t CudaBackend::first_not_finite_impl(const std::vector<ConstFloats>& array
   check_cuda(cudaMemsetAsync(flags, 0, arrays.size() * sizeof(int), state_->stream), "first_not_finite");
   const auto size = [&](size_t a) { return int64_t(arrays[a].size); };
   cuda::launch_per_group(arrays.size(), kArraysPerLaunch, size, [&](size_t first, size_t count, dim3 grid) {
-    ArrayBatch batch{};
-    for (size_t a = 0; a < count; ++a) batch.data[a] = arrays[first + a].data, batch.size[a] = size(first + a);
-    not_finite_kernel<<<grid, kThreads, 0, state_->stream>>>(batch, flags + first);
+    not_finite_kernel<<<grid, kThreads, 0, state_->stream>>>(array_batch(arrays, first, count), flags + first);
     check_launch("first_not_finite");
   });
   std::vector<int> raised(arrays.size());
