@@ -39,6 +39,7 @@
 #include "machine_limits.h"
 #include "run_stats.h"
 #include "model/gemma.h"
+#include "generate/generate.h"
 #include "backend/cpu/isa/features.h"
 #include "model/init.h"
 #include "model/variables.h"
@@ -273,6 +274,32 @@ int main(int argc, char** argv) {
       if (!gpu) read_samples.push_back(bench::read_gbps_once(sample_start, sample_bytes, o.threads));
       std::cerr << "bench_inference: run " << run << (run == 0 ? " (warm-up)" : "") << ": prefill " << s << " s\n";
     }
+    // Decode as `generate` runs it (greedy, no stop tokens: the host queues steps ahead and
+    // collects each step's tokens later): the time of a run of 1 + decode steps less that of a run
+    // of 1 step (the same prompt and prefill), per token; median of repeat pairs.
+    std::vector<double> generate_step_s;
+    {
+      auto timed_generate = [&](int steps) {
+        const int length = int(T) + steps;
+        std::vector<std::vector<int32_t>> rows = {std::vector<int32_t>(size_t(length), 0)};
+        std::vector<std::vector<uint8_t>> mask = {std::vector<uint8_t>(size_t(length), 0)};
+        std::copy(prompt.begin(), prompt.end(), rows[0].begin());
+        std::fill(mask[0].begin(), mask[0].begin() + T, uint8_t(1));
+        meshtune::GenerateOptions options;
+        options.max_length = length;
+        options.sampler.name = "greedy";
+        options.stop_token_ids = {};
+        const auto start_time = Clock::now();
+        meshtune::generate_ids(ctx, model, rows, mask, options);
+        backend.synchronize();
+        return seconds_since(start_time);
+      };
+      timed_generate(1), timed_generate(1 + o.decode);  // warm-up: routes measured, memory allocated
+      for (int run = 0; run < std::max(1, o.repeat); ++run) {
+        const double one = timed_generate(1), more = timed_generate(1 + o.decode);
+        generate_step_s.push_back(std::max(1e-9, (more - one) / o.decode));
+      }
+    }
     const double rss_gib = peak_rss_gib();  // before the machine-limit buffers below
 
     const size_t weight_bytes = matrix_bytes(model);
@@ -336,6 +363,9 @@ int main(int argc, char** argv) {
     j["weight_bytes_per_token"] = weight_bytes;
     j["kv_bytes_per_token"] = kv_bytes;
     j["decode_effective_gbps"] = double(weight_bytes) * decode_tok_s / 1e9;
+    // Through generate_ids (greedy: tokens chosen on the device, the host a few steps ahead).
+    j["generate_tok_s"] = 1.0 / median(generate_step_s);
+    j["generate_bound_fraction"] = (1.0 / median(generate_step_s)) / bound_tok_s;
     j["bound_tok_s"] = bound_tok_s;  // from read_gbps_during
     j["bound_ratio"] = bound_tok_s / decode_tok_s;  // measured time / ideal time; 1.0 = at the bound
     j["bound_tok_s_anon"] = read * 1e9 / double(weight_bytes);  // from read_gbps (the 1 GiB buffer)

@@ -536,6 +536,27 @@ std::vector<OpCase> cross_entropy_cases() {
 std::vector<OpCase> data_movement_cases() {
   std::vector<OpCase> cases;
   {
+    // Greedy decoding's choice: 5 rows of 37 logits (a tie in row 1: the first index wins), rows 0
+    // and 3 inside their prompts (their tokens kept), the others take their argmax.
+    OpCase c;
+    c.name = "greedy_tokens";
+    c.make_inputs = [] {
+      Values z = random_vector(5 * 37, 23, 3.f);
+      z[37 + 30] = z[37 + 4] = 9.f;
+      return Inputs{z};
+    };
+    c.forward = [](Backend& b, Inputs& in) {
+      SoftmaxRows stats;
+      b.softmax_row_max(put(b, in[0]), 5, 37, 0, stats);
+      Buffer<int32_t> ids = put(b, std::vector<int32_t>{101, 102, 103, 104, 105});
+      b.greedy_tokens(stats, 5, put(b, std::vector<uint8_t>{1, 0, 0, 1, 0}), ids);
+      std::vector<int32_t> host(5);
+      b.download(ids, host);
+      return Inputs{Values(host.begin(), host.end())};
+    };
+    cases.push_back(std::move(c));
+  }
+  {
     // A vocabulary part: rows 3 … 10 of a 14-row table, in fp32, bf16 and int8, scaled by 2.75 (Gemma's √D).
     for (DType dtype : {DType::F32, DType::BF16, DType::I8}) {
       OpCase c;
@@ -1008,6 +1029,21 @@ TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
   const WeightMatrix narrow = WeightMatrix::from_f32(2, 6, Values(12, 1.f)), wide = WeightMatrix::from_f32(1, 12, x);
   Values y2(2);
   EXPECT_THROW(cpu.linear(x, 2, {{&narrow, y}, {&wide, y2}}, MatmulPrecision::F32), Error);
+}
+
+// The registry holds every backend to the reference; this holds the reference to what greedy
+// decoding means: prompt rows keep their token, the others take their argmax, the first on ties.
+TEST(BackendChecks, GreedyTokensAreEachRowsFirstArgmaxOutsideThePrompt) {
+  ReferenceBackend reference;
+  const Values z = {1, 5, 2, /**/ 7, 0, 7, /**/ 3, 1, 4};
+  SoftmaxRows stats;
+  reference.softmax_row_max(z, 3, 3, 0, stats);
+  std::vector<int32_t> ids = {9, 9, 9};
+  const std::vector<uint8_t> keep = {0, 0, 1};
+  reference.greedy_tokens(stats, 3, keep, ids);
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 0, 9}));
+  std::vector<int32_t> four(4);
+  EXPECT_THROW(reference.greedy_tokens(stats, 4, std::vector<uint8_t>(4, 0), four), Error);  // statistics of 3 rows
 }
 
 TEST(BackendChecks, BuffersCountTheirAllocations) {

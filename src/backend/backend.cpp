@@ -92,6 +92,25 @@ void Backend::download(Span<const double> device_values, Span<double> host) {
   download_impl(device_values.data, host.size * sizeof(double), host.data);
 }
 
+void Backend::download(Span<const int32_t> device_values, Span<int32_t> host) {
+  check_download(*this, device_values, host);
+  download_impl(device_values.data, host.size * sizeof(int32_t), host.data);
+}
+
+Backend::PendingDownload Backend::start_download(Span<const int32_t> device_values, Span<int32_t> host) {
+  check_download(*this, device_values, host);
+  return {start_download_impl(device_values.data, host.size * sizeof(int32_t), host.data)};
+}
+void Backend::finish_download(PendingDownload& pending) {
+  if (pending.id != 0) finish_download_impl(pending.id);
+  pending.id = 0;
+}
+uint64_t Backend::start_download_impl(const void* device_values, size_t bytes, void* host) {
+  if (bytes > 0) download_impl(device_values, bytes, host);
+  return 0;
+}
+void Backend::finish_download_impl(uint64_t) {}
+
 WeightMatrix Backend::upload(const WeightMatrix& W) {
   if (W.device == device() || W.data == nullptr) return W;
   if (W.device != Device::Host)
@@ -353,6 +372,13 @@ void Backend::softmax_row_max(ConstFloats z, int64_t n, int64_t cols, int64_t v0
   need(*this, z, n * cols, "softmax_row_max", "z");
   resize(stats.max_and_argmax, size_t(2 * n));
   softmax_row_max_impl(z.data, n, cols, v0, stats.max_and_argmax.data());
+}
+
+void Backend::greedy_tokens(const SoftmaxRows& row_max, int64_t rows, Span<const uint8_t> keep, Span<int32_t> ids) {
+  need_statistics(*this, row_max, rows, false, "greedy_tokens");
+  need(*this, keep, rows, "greedy_tokens", "keep");
+  need(*this, ids, rows, "greedy_tokens", "ids");
+  greedy_tokens_impl(row_max.max_and_argmax.data(), rows, keep.data, ids.data);
 }
 
 void Backend::softmax_combine_max(ConstFloats gathered, int parts, int64_t n, SoftmaxRows& stats) {

@@ -81,6 +81,17 @@ class Backend : public Allocator {
   void download(ConstFloats device, Span<float> host);
   void upload(Span<const double> host, Span<double> device);
   void download(Span<const double> device, Span<double> host);
+  void download(Span<const int32_t> device, Span<int32_t> host);
+  // A download the host collects later, so that it need not wait for the work queued before it
+  // (greedy decoding's tokens, fetched a few steps behind the GPU): the values are in `host` once
+  // finish_download returns; until then `host` must stay valid and untouched. Host backends copy at
+  // once. At most kDownloadsInFlight may be outstanding: starting one more finishes the oldest.
+  static constexpr int kDownloadsInFlight = 8;
+  struct PendingDownload {
+    uint64_t id = 0;  // 0: nothing pending
+  };
+  PendingDownload start_download(Span<const int32_t> device, Span<int32_t> host);
+  void finish_download(PendingDownload& pending);
   // The weights: a copy in this backend's memory (the same storage when they are there already, as
   // host weights are for the CPU backends). The copy lives in buffers of this backend, which must
   // outlive it.
@@ -183,6 +194,10 @@ class Backend : public Allocator {
   void narrow_to_bf16(const std::vector<ConstFloats>& parts, Span<uint16_t> dst);
   void widen_bf16(Span<const uint16_t> src, const std::vector<Floats>& parts);
 
+  // Greedy decoding's choice where the logits are: ids[r] = the argmax of row r (softmax_row_max's
+  // statistics) where keep[r] is 0, ids[r] unchanged where it is 1 (a row still inside its prompt).
+  void greedy_tokens(const SoftmaxRows& row_max, int64_t rows, Span<const uint8_t> keep, Span<int32_t> ids);
+
   // ---- optimizer ----
   void adamw_update(Floats theta, ConstFloats grad, Floats m, Floats v, int64_t n, const AdamWStep& step);
   // Every variable of a step at once, each with its own `decay` (step.decay is ignored): on a GPU a
@@ -202,6 +217,9 @@ class Backend : public Allocator {
   virtual void release_impl(void* p) = 0;
   virtual void upload_impl(const void* host, size_t bytes, void* device) = 0;
   virtual void download_impl(const void* device, size_t bytes, void* host) = 0;
+  // By default a download at once (download_impl); returns the id finish_download_impl takes (0: done).
+  virtual uint64_t start_download_impl(const void* device, size_t bytes, void* host);
+  virtual void finish_download_impl(uint64_t id);
 
   virtual void linear_impl(const float* x, int64_t M, const WeightMatrix& W, float* y, MatmulPrecision precision,
                            const float* x_row_max) = 0;
@@ -259,6 +277,7 @@ class Backend : public Allocator {
   virtual void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim,
                                               int64_t first_row, int64_t rows, float factor, float* grad) = 0;
   virtual void gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) = 0;
+  virtual void greedy_tokens_impl(const float* max_and_argmax, int64_t rows, const uint8_t* keep, int32_t* ids) = 0;
   virtual void scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) = 0;
   virtual void interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part,
                                              float* out) = 0;

@@ -214,6 +214,9 @@ void CpuBackend::embedding_lookup_backward_impl(const float* dy, const int32_t* 
 void CpuBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
   meshtune::gather_rows(src, rows, n, dim, dst);
 }
+void CpuBackend::greedy_tokens_impl(const float* max_and_argmax, int64_t rows, const uint8_t* keep, int32_t* ids) {
+  greedy_token_rows(max_and_argmax, rows, keep, ids);
+}
 void CpuBackend::scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
   meshtune::scatter_rows(src, rows, n, dim, dst);
 }

@@ -25,4 +25,9 @@ void softmax_cross_entropy_sum_rows(const float* max_and_argmax, const double* s
   }
 }
 
+void greedy_token_rows(const float* max_and_argmax, int64_t n, const uint8_t* keep, int32_t* ids) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!keep[i]) ids[i] = int32_t(max_and_argmax[n + i]);
+}
+
 }  // namespace meshtune

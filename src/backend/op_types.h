@@ -106,5 +106,8 @@ void softmax_combine_max_rows(const float* gathered, int parts, int64_t n, float
 // Σ w·[argmax = target] and Σ w over the rows into sums[0..2] (Keras' metric states).
 void softmax_cross_entropy_sum_rows(const float* max_and_argmax, const double* sum_exp_and_target,
                                     const int32_t* targets, const float* weights, int64_t n, double* sums);
+// Greedy decoding's choice from the same statistics, as a host loop too: ids[r] = row r's argmax
+// unless keep[r].
+void greedy_token_rows(const float* max_and_argmax, int64_t n, const uint8_t* keep, int32_t* ids);
 
 }  // namespace meshtune

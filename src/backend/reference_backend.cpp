@@ -413,6 +413,9 @@ void ReferenceBackend::gather_rows_impl(const float* src, const int64_t* rows, i
     for (int64_t c = 0; c < dim; ++c) dst[i * dim + c] = src[rows[i] * dim + c];
 }
 
+void ReferenceBackend::greedy_tokens_impl(const float* max_and_argmax, int64_t rows, const uint8_t* keep, int32_t* ids) {
+  greedy_token_rows(max_and_argmax, rows, keep, ids);
+}
 void ReferenceBackend::scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t c = 0; c < dim; ++c) dst[rows[i] * dim + c] = src[i * dim + c];

@@ -68,6 +68,7 @@ class ReferenceBackend final : public Backend {
   void embedding_lookup_backward_impl(const float* dy, const int32_t* ids, int64_t M, int64_t dim, int64_t first_row,
                                       int64_t rows, float factor, float* grad) override;
   void gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) override;
+  void greedy_tokens_impl(const float* max_and_argmax, int64_t rows, const uint8_t* keep, int32_t* ids) override;
   void scatter_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) override;
   void interleave_column_blocks_impl(const float* blocks, int parts, int64_t M, int64_t part, float* out) override;
   void copy_impl(const float* src, int64_t n, float* dst) override;

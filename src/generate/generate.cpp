@@ -1,6 +1,7 @@
 #include "generate/generate.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/error.h"
 
@@ -14,6 +15,80 @@ static void check_options(const GemmaConfig& config, const GenerateOptions& opti
   for (int id : options.stop_token_ids)
     check(id >= 0 && id < config.vocab_size, "stop token id ", id, " is outside the vocabulary [0, ", config.vocab_size,
           ")");
+}
+
+// Greedy decoding (the default) chooses each step's tokens where the logits are (softmax_row_max,
+// the first index on ties as the sampler's max_element; greedy_tokens keeps a row's prompt token
+// while it is inside its prompt) and feeds them to the next step from there, so the host never
+// waits for a step before queuing the next: it collects each step's tokens (B ints) a few steps
+// behind (start_download), to see the stop tokens. Steps queued after the one where every row had
+// stopped are computed but dropped: the rows come out as a one-step-at-a-time loop makes them. On
+// a GPU the host's launches then overlap the GPU's work instead of alternating with it.
+static void greedy_steps(const Context& ctx, const GemmaModel& model, int64_t start,
+                         std::vector<std::vector<int32_t>>& ids, const std::vector<std::vector<uint8_t>>& mask,
+                         const std::function<bool(int32_t)>& is_stop, std::vector<uint8_t>& stopped, KVCache& cache,
+                         ForwardWorkspace& ws, FloatBuffer& step_logits) {
+  Backend& backend = ctx.backend;
+  const int64_t B = int64_t(ids.size()), L = int64_t(ids[0].size()), V = model.config.vocab_size;
+  // The rows as the backend holds them, position-major ([L, B]: a step's tokens are contiguous),
+  // with 1 where a row's prompt keeps its token, and each position's index for every row.
+  std::vector<int32_t> by_position(size_t(L * B));
+  std::vector<uint8_t> keep(size_t(L * B));
+  std::vector<int64_t> positions(size_t(L * B));
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t b = 0; b < B; ++b) {
+      by_position[size_t(i * B + b)] = ids[b][i];
+      keep[size_t(i * B + b)] = mask[b][i];
+      positions[size_t(i * B + b)] = i;
+    }
+  // Every token a step may be fed that no step chose is checked here, as the host-ids pass checks its
+  // own: position start − 1 (the first step's) and the prompt tokens after it.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = start - 1; i < L - 1; ++i)
+      if ((i == start - 1 || mask[b][i]) && (ids[b][i] < 0 || ids[b][i] >= V))
+        fail("token id ", ids[b][i], " at [", b, ", ", i, "] is outside the vocabulary (size ", V, ")");
+  Buffer<int32_t> device_ids;
+  Buffer<uint8_t> device_keep;
+  Buffer<int64_t> device_positions;
+  backend.resize(device_ids, by_position.size());
+  backend.resize(device_keep, keep.size());
+  backend.resize(device_positions, positions.size());
+  backend.upload(Span<const int32_t>(by_position), device_ids);
+  backend.upload(Span<const uint8_t>(keep), device_keep);
+  backend.upload(Span<const int64_t>(positions), device_positions);
+
+  // Two steps in flight are enough for the host to stay ahead; each holds a download of B tokens.
+  constexpr int64_t kAhead = 2;
+  static_assert(kAhead < Backend::kDownloadsInFlight);
+  std::vector<Backend::PendingDownload> pending(static_cast<size_t>(L));
+  auto all_stopped = [&] { return std::all_of(stopped.begin(), stopped.end(), [](uint8_t s) { return s; }); };
+  bool done = false;  // every row has stopped (with stop tokens given)
+  int64_t collected = start;  // steps start … collected − 1 have reached the rows
+  auto collect = [&](int64_t index) {
+    backend.finish_download(pending[size_t(index)]);
+    collected = index + 1;
+    if (done) return;  // a step after the one that stopped every row: dropped
+    for (int64_t b = 0; b < B; ++b) {
+      if (mask[b][index]) continue;
+      ids[b][index] = by_position[size_t(index * B + b)];
+      if (is_stop(ids[b][index])) stopped[b] = 1;
+    }
+    done = all_stopped();
+  };
+  SoftmaxRows row_max;
+  int64_t queued = start;  // steps start … queued − 1 are queued
+  for (int64_t index = start; index < L && !done; ++index, ++queued) {
+    const FloatBuffer& hidden =
+        backbone_forward(ctx, model, device_ids.span().part(size_t((index - 1) * B), size_t(B)),
+                         device_positions.span().part(size_t((index - 1) * B), size_t(B)), B, 1, index - 1, cache, ws);
+    lm_head(ctx, model, hidden, B, step_logits);
+    backend.softmax_row_max(step_logits, B, V, 0, row_max);
+    const Span<int32_t> chosen = device_ids.span().part(size_t(index * B), size_t(B));
+    backend.greedy_tokens(row_max, B, device_keep.span().part(size_t(index * B), size_t(B)), chosen);
+    pending[size_t(index)] = backend.start_download(chosen, Span<int32_t>(by_position).part(size_t(index * B), size_t(B)));
+    if (index - kAhead >= collected) collect(index - kAhead);
+  }
+  while (collected < queued) collect(collected);
 }
 
 GeneratedIds generate_ids(const Context& ctx, const GemmaModel& model, std::vector<std::vector<int32_t>> ids,
@@ -37,8 +112,7 @@ GeneratedIds generate_ids(const Context& ctx, const GemmaModel& model, std::vect
   Backend& backend = ctx.backend;
   KVCache cache(model.config, B, L, backend);  // every cached key is a real token: padding never gets cached
   ForwardWorkspace ws;                         // reused by every step
-  Sampler sampler(options.sampler);
-  std::vector<int32_t> step_tokens(static_cast<size_t>(B));
+  Sampler sampler(options.sampler);            // its options checked whichever samples
   // Prefill positions 0 .. start−2; each step then feeds the token at index−1.
   if (start >= 2) {
     std::vector<int32_t> prefix(size_t(B * (start - 1)));
@@ -47,27 +121,23 @@ GeneratedIds generate_ids(const Context& ctx, const GemmaModel& model, std::vect
   }
   FloatBuffer step_logits;
   backend.resize(step_logits, size_t(B * V));
-  // One crossing to the host per step: greedy (the default) takes each row's argmax where the logits
-  // are — softmax_row_max, the first index on ties as the sampler's max_element — and brings back
-  // two values per row; the other samplers bring back the logits (1 MB per row for a 256k vocabulary).
-  const bool greedy = options.sampler.name == "greedy";
-  SoftmaxRows row_max;
-  std::vector<float> max_and_argmax(size_t(2 * B));
-  std::vector<float> logits(greedy ? 0 : size_t(B * V));
-  for (int64_t index = start; index < L && !all_stopped(); ++index) {
-    for (int64_t b = 0; b < B; ++b) step_tokens[b] = ids[b][index - 1];
-    const FloatBuffer& hidden = backbone_forward(ctx, model, step_tokens.data(), B, 1, index - 1, cache, ws);
-    lm_head(ctx, model, hidden, B, step_logits);
-    if (greedy) {
-      backend.softmax_row_max(step_logits, B, V, 0, row_max);
-      backend.download(row_max.max_and_argmax, max_and_argmax);
-    } else {
+  if (options.sampler.name == "greedy") {
+    greedy_steps(ctx, model, start, ids, mask, is_stop, stopped, cache, ws, step_logits);
+  } else {
+    // The other samplers bring the step's logits to the host (1 MB per row for a 256k vocabulary)
+    // and choose there, one step at a time.
+    std::vector<int32_t> step_tokens(static_cast<size_t>(B));
+    std::vector<float> logits(size_t(B * V));
+    for (int64_t index = start; index < L && !all_stopped(); ++index) {
+      for (int64_t b = 0; b < B; ++b) step_tokens[b] = ids[b][index - 1];
+      const FloatBuffer& hidden = backbone_forward(ctx, model, step_tokens.data(), B, 1, index - 1, cache, ws);
+      lm_head(ctx, model, hidden, B, step_logits);
       backend.download(step_logits, logits);
-    }
-    for (int64_t b = 0; b < B; ++b) {
-      if (mask[b][index]) continue;  // still inside this row's prompt: keep the prompt token
-      ids[b][index] = greedy ? int32_t(max_and_argmax[size_t(B + b)]) : sampler.sample(logits.data() + b * V, int(V));
-      if (is_stop(ids[b][index])) stopped[b] = 1;
+      for (int64_t b = 0; b < B; ++b) {
+        if (mask[b][index]) continue;  // still inside this row's prompt: keep the prompt token
+        ids[b][index] = sampler.sample(logits.data() + b * V, int(V));
+        if (is_stop(ids[b][index])) stopped[b] = 1;
+      }
     }
   }
 

@@ -307,6 +307,23 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
                                     int64_t T, int64_t start, KVCache& cache, ForwardWorkspace& ws,
                                     ForwardTrace* trace, SavedBlocks* saved, FloatBuffer* final_norm_input) {
   Backend& b = ctx.backend;
+  const int64_t M = B * T;
+  if (const int64_t m = first_id_outside(tokens, M, model.config.vocab_size); m >= 0)
+    fail("token id ", tokens[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ",
+         model.config.vocab_size, ")");
+  // The pass' ids and positions cross to the backend once.
+  b.resize(ws.ids, size_t(M));
+  b.upload(Span<const int32_t>(tokens, size_t(M)), ws.ids);
+  b.resize(ws.positions, size_t(M));
+  b.upload(token_positions(B, T, start), ws.positions);
+  return backbone_forward(ctx, model, ws.ids, ws.positions, B, T, start, cache, ws, trace, saved, final_norm_input);
+}
+
+const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model, Span<const int32_t> ids,
+                                    Span<const int64_t> positions, int64_t B, int64_t T, int64_t start,
+                                    KVCache& cache, ForwardWorkspace& ws, ForwardTrace* trace, SavedBlocks* saved,
+                                    FloatBuffer* final_norm_input) {
+  Backend& b = ctx.backend;
   const GemmaConfig& c = model.config;
   const int64_t D = c.hidden_dim, M = B * T;
   check(B <= cache.batch && start + T <= cache.capacity, "KV cache too small: ", B, " rows × ", start + T,
@@ -314,13 +331,8 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
   check(cache.keeps_keys() || (B == cache.batch && start == 0 && T == cache.capacity), "a KV cache of one pass (",
         cache.batch, " × ", cache.capacity, ") serves only a pass that fills it, not ", B, " rows at ", start, " … ",
         start + T - 1);
-  if (const int64_t m = first_id_outside(tokens, M, c.vocab_size); m >= 0)
-    fail("token id ", tokens[m], " at [", m / T, ", ", m % T, "] is outside the vocabulary (size ", c.vocab_size, ")");
-  // The pass' ids and positions cross to the backend once.
-  b.resize(ws.ids, size_t(M));
-  b.upload(Span<const int32_t>(tokens, size_t(M)), ws.ids);
-  b.resize(ws.positions, size_t(M));
-  b.upload(token_positions(B, T, start), ws.positions);
+  check(ids.size >= size_t(M) && positions.size >= size_t(M), "backbone_forward: ", ids.size, " ids and ",
+        positions.size, " positions for ", M, " tokens");
   FloatBuffer& x = ws.x;  // the residual stream
   b.resize(x, size_t(M * D));
   auto copy_out = [&](std::vector<float>& host) {  // a host crossing, for the trace
@@ -330,7 +342,7 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
   // Gemma scales the embeddings by √D (rounded to the compute dtype first): in the lookup's own call,
   // except for a trace, which keeps the rows before and after.
   const float embedding_scale = float(std::sqrt(double(D)));
-  b.embedding_lookup(model.embeddings, model.vocab_offset, ws.ids, M, x, trace ? 1.f : embedding_scale);
+  b.embedding_lookup(model.embeddings, model.vocab_offset, ids, M, x, trace ? 1.f : embedding_scale);
   // Vocabulary split: each row came from one process, the others hold zeros there (scaled, still zeros).
   if (model.vocab_parallel()) ctx.tensor_parallel.sum_partials(x);
   if (trace) {
@@ -353,7 +365,7 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
   };
   for (int layer = 0; layer < c.num_layers; ++layer) {
     BlockActivations& a = saved ? saved->forward_set(layer) : ws.unsaved;
-    pending = decoder_block(ctx, model, model.layer_weights(layer), layer, x, pending, ws.positions, B, T, start,
+    pending = decoder_block(ctx, model, model.layer_weights(layer), layer, x, pending, positions, B, T, start,
                             cache, a, ws.scratch, saved != nullptr);
     if (saved) saved->keep(layer);
     if (trace) {  // the block's output itself

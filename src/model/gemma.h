@@ -197,6 +197,12 @@ const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model,
                                     int64_t T, int64_t start, KVCache& cache, ForwardWorkspace& ws,
                                     ForwardTrace* trace = nullptr, SavedBlocks* saved = nullptr,
                                     FloatBuffer* final_norm_input = nullptr);
+// The same over ids and positions [M] already in the backend's memory (greedy decoding feeds each
+// step the tokens the last one chose there); ws.ids and ws.positions are not touched.
+const FloatBuffer& backbone_forward(const Context& ctx, const GemmaModel& model, Span<const int32_t> ids,
+                                    Span<const int64_t> positions, int64_t B, int64_t T, int64_t start,
+                                    KVCache& cache, ForwardWorkspace& ws, ForwardTrace* trace = nullptr,
+                                    SavedBlocks* saved = nullptr, FloatBuffer* final_norm_input = nullptr);
 // The same with a workspace of its own (one pass: scoring, tests).
 FloatBuffer backbone_forward(const Context& ctx, const GemmaModel& model, const int32_t* tokens, int64_t B, int64_t T,
                              int64_t start, KVCache& cache, ForwardTrace* trace = nullptr);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -616,31 +617,103 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+// ---- pinned host memory: copies to and from it land when the host has waited for them ----
+// The emulator runs every call to its end at once, but a GPU copies to or from pinned memory when
+// its stream gets there, and the host may not look before it has waited (an event recorded after
+// the copy, or the stream). So a copy into pinned memory lands only then — a host reading it sooner
+// sees what was there before (0xff bytes at first) — and a copy out of pinned memory is checked
+// then to have read what the host has left there since (a host that overwrote it sooner fails).
+namespace {
+std::map<const char*, size_t>& pinned_blocks() {
+  static auto* blocks = new std::map<const char*, size_t>;
+  return *blocks;
+}
+bool is_pinned(const void* p, size_t bytes) {
+  const auto& blocks = pinned_blocks();
+  auto it = blocks.upper_bound(static_cast<const char*>(p));
+  if (it == blocks.begin()) return false;
+  --it;
+  const char* c = static_cast<const char*>(p);
+  return c >= it->first && c + bytes <= it->first + it->second;
+}
+struct PinnedCopy {
+  uint64_t order = 0;       // its place in the stream
+  char* pinned = nullptr;   // the pinned side
+  std::vector<char> bytes;  // a download's values, still to land; an upload's source as it was read
+  bool download = false;
+};
+std::vector<PinnedCopy>& pinned_copies() {
+  static auto* copies = new std::vector<PinnedCopy>;
+  return *copies;
+}
+uint64_t stream_order = 0;  // calls on the stream that touch pinned memory or are events, so far
+
+// The host has waited for every call up to `order`.
+cudaError_t land_pinned_copies(uint64_t order) {
+  cudaError_t status = cudaSuccess;
+  auto& copies = pinned_copies();
+  for (auto it = copies.begin(); it != copies.end();) {
+    if (it->order > order) {
+      ++it;
+      continue;
+    }
+    if (it->download) std::memcpy(it->pinned, it->bytes.data(), it->bytes.size());
+    else if (std::memcmp(it->pinned, it->bytes.data(), it->bytes.size()) != 0)
+      status = record(cudaErrorIllegalState, "the host wrote the pinned source of an upload before it had waited for it");
+    it = copies.erase(it);
+  }
+  return status;
+}
+}  // namespace
+
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  char* memory = static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes));
+  if (!memory) return record(cudaErrorMemoryAllocation, "cudaMallocHost(" + std::to_string(bytes) + ")");
+  std::memset(memory, 0xff, bytes);
+  pinned_blocks()[memory] = bytes;
+  *p = memory;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  if (!p) return cudaSuccess;
+  auto it = pinned_blocks().find(static_cast<const char*>(p));
+  if (it == pinned_blocks().end()) return record(cudaErrorInvalidValue, "cudaFreeHost of memory cudaMallocHost did not give");
+  for (const PinnedCopy& copy : pinned_copies())
+    if (copy.pinned >= it->first && copy.pinned < it->first + it->second)
+      return record(cudaErrorIllegalState, "cudaFreeHost of pinned memory a copy not waited for uses");
+  pinned_blocks().erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t) {  // every call ran to its end
   ++cuda_emulator::counts().synchronizations;
-  return cudaSuccess;
+  return land_pinned_copies(stream_order);
 }
 
 struct CUevent_st {
   std::chrono::steady_clock::time_point when;
   bool recorded = false;
+  uint64_t order = 0;  // the stream's calls before it
 };
 cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st;
   return cudaSuccess;
 }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   delete event;
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   if (!event) return record(cudaErrorInvalidResourceHandle, "cudaEventRecord: no event");
-  event->when = std::chrono::steady_clock::now(), event->recorded = true;
+  event->when = std::chrono::steady_clock::now(), event->recorded = true, event->order = ++stream_order;
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   ++cuda_emulator::counts().synchronizations;
-  return event ? cudaSuccess : record(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: no event");
+  if (!event) return record(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: no event");
+  return land_pinned_copies(event->order);
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!start || !end || !start->recorded || !end->recorded)
@@ -677,7 +750,16 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (!src_device && on_device(src, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host source on the device");
   if (!dst_device && on_device(dst, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host target on the device");
   const DeviceWork working;
-  std::memmove(dst, src, bytes);
+  if (kind == cudaMemcpyDeviceToHost && is_pinned(dst, bytes)) {  // lands when the host waits for it
+    const char* from = static_cast<const char*>(src);
+    pinned_copies().push_back({++stream_order, static_cast<char*>(dst), std::vector<char>(from, from + bytes), true});
+  } else {
+    std::memmove(dst, src, bytes);
+  }
+  if (kind == cudaMemcpyHostToDevice && is_pinned(src, bytes)) {  // its source checked when the host waits
+    const char* from = static_cast<const char*>(src);
+    pinned_copies().push_back({++stream_order, const_cast<char*>(from), std::vector<char>(from, from + bytes), false});
+  }
   if (kind == cudaMemcpyHostToDevice) ++counts().uploads;
   if (kind == cudaMemcpyDeviceToHost) ++counts().downloads;
   return cudaSuccess;

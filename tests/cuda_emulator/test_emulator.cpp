@@ -118,6 +118,43 @@ TEST(CudaEmulator, RefusesWhatAGpuRefuses) {
   cudaFree(sums);
 }
 
+// Copies to and from pinned memory happen when the stream gets there: a download lands only when
+// the host waits for an event recorded after it (or the stream), and an upload's pinned source must
+// be left alone until then — what the CUDA backend's downloads-collected-later and unwaited
+// uploads rely on.
+TEST(CudaEmulator, PinnedCopiesLandWhenTheHostWaits) {
+  int* device = device_copy(std::vector<int>{1, 2, 3});
+  int* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), 3 * sizeof(int)), cudaSuccess);
+  cudaEvent_t first = nullptr, second = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&first, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&second), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, device, 3 * sizeof(int), cudaMemcpyDeviceToHost, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(first, nullptr), cudaSuccess);
+  EXPECT_NE(pinned[0], 1);  // not yet: the host has not waited
+  ASSERT_EQ(cudaEventSynchronize(first), cudaSuccess);
+  EXPECT_EQ(std::vector<int>(pinned, pinned + 3), (std::vector<int>{1, 2, 3}));
+
+  // An upload from pinned memory, its source rewritten before the host waited for it: refused there.
+  pinned[0] = 7;
+  ASSERT_EQ(cudaMemcpyAsync(device, pinned, sizeof(int), cudaMemcpyHostToDevice, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaEventRecord(second, nullptr), cudaSuccess);
+  EXPECT_EQ(host_copy(device, 1)[0], 7);
+  pinned[0] = 8;
+  EXPECT_EQ(cudaEventSynchronize(second), cudaErrorIllegalState);
+  EXPECT_NE(last_error().find("before it had waited"), std::string::npos);
+  // Waited for first, then rewritten: fine.
+  ASSERT_EQ(cudaMemcpyAsync(device, pinned, sizeof(int), cudaMemcpyHostToDevice, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  pinned[0] = 9;
+  EXPECT_EQ(host_copy(device, 1)[0], 8);
+  EXPECT_EQ(last_error(), "");
+  cudaEventDestroy(first);
+  cudaEventDestroy(second);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  cudaFree(device);
+}
+
 TEST(CudaEmulator, GemmFollowsCublasDefinition) {
   // C (m × n) = α·op(A)·op(B) + β·C, column-major, for each transpose; β = 0 never reads C (NaN there).
   const int m = 3, n = 4, k = 5;

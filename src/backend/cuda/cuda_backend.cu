@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -39,6 +40,10 @@ CudaBackend::~CudaBackend() {
   for (auto& [p, bytes] : state_->live) cudaFree(p);
   for (void* p : state_->scratch)
     if (p) cudaFree(p);
+  for (const auto* slots : {&state_->download_slots, &state_->upload_slots})
+    for (const CudaState::HostSlot& slot : *slots)
+      if (slot.done) cudaEventDestroy(slot.done);
+  if (state_->pinned) cudaFreeHost(state_->pinned);
   if (state_->blas) cuda::cublas().destroy(state_->blas);
   if (state_->stream) cudaStreamDestroy(state_->stream);
 }
@@ -80,17 +85,80 @@ void CudaBackend::release_impl(void* p) {
   state_->live.erase(it);
 }
 
+// The pinned slots and their events, made at the first crossing that uses them.
+static void make_host_slots(CudaState& s) {
+  if (s.pinned) return;
+  const size_t slots = size_t(Backend::kDownloadsInFlight + CudaState::kUploadSlots);
+  check_cuda(cudaMallocHost(reinterpret_cast<void**>(&s.pinned), slots * CudaState::kHostSlotBytes),
+             "allocate pinned host memory");
+  s.download_slots.resize(size_t(Backend::kDownloadsInFlight));
+  s.upload_slots.resize(size_t(CudaState::kUploadSlots));
+  for (auto* list : {&s.download_slots, &s.upload_slots})
+    for (CudaState::HostSlot& slot : *list)
+      check_cuda(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming), "create an event");
+}
+static char* slot_memory(CudaState& s, bool upload, size_t slot) {
+  return s.pinned + (upload ? size_t(Backend::kDownloadsInFlight) + slot : slot) * CudaState::kHostSlotBytes;
+}
+
 void CudaBackend::upload_impl(const void* host, size_t bytes, void* device) {
   if (bytes == 0) return;
-  check_cuda(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, state_->stream), "upload");
-  // A pageable host buffer may be reused as soon as the call returns; a pinned one would not: sync.
-  check_cuda(cudaStreamSynchronize(state_->stream), "upload");
+  CudaState& s = *state_;
+  if (bytes > CudaState::kHostSlotBytes) {
+    check_cuda(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, s.stream), "upload");
+    // A pageable host buffer may be reused as soon as the call returns, while the copy may still
+    // read it: wait.
+    check_cuda(cudaStreamSynchronize(s.stream), "upload");
+    return;
+  }
+  // A small one through a pinned slot, not waited for: the host queues on (the slot is reused once
+  // its copy is done — kUploadSlots uploads later, long done in practice).
+  make_host_slots(s);
+  const size_t index = size_t(s.uploads_started++ % CudaState::kUploadSlots);
+  CudaState::HostSlot& slot = s.upload_slots[index];
+  if (slot.id != 0) check_cuda(cudaEventSynchronize(slot.done), "upload (a pinned slot's last copy)");
+  char* staged = slot_memory(s, /*upload=*/true, index);
+  std::memcpy(staged, host, bytes);
+  check_cuda(cudaMemcpyAsync(device, staged, bytes, cudaMemcpyHostToDevice, s.stream), "upload");
+  check_cuda(cudaEventRecord(slot.done, s.stream), "upload");
+  slot.id = s.uploads_started;
 }
 
 void CudaBackend::download_impl(const void* device, size_t bytes, void* host) {
   if (bytes == 0) return;
   check_cuda(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, state_->stream), "download");
   check_cuda(cudaStreamSynchronize(state_->stream), "download");
+}
+
+uint64_t CudaBackend::start_download_impl(const void* device, size_t bytes, void* host) {
+  CudaState& s = *state_;
+  if (bytes == 0) return 0;
+  if (bytes > CudaState::kHostSlotBytes) {  // too big for a slot: at once
+    download_impl(device, bytes, host);
+    return 0;
+  }
+  make_host_slots(s);
+  const uint64_t id = ++s.downloads_started;
+  const size_t index = size_t(id % uint64_t(kDownloadsInFlight));
+  if (s.download_slots[index].id != 0) finish_download_impl(s.download_slots[index].id);  // the oldest
+  CudaState::HostSlot& slot = s.download_slots[index];
+  check_cuda(cudaMemcpyAsync(slot_memory(s, /*upload=*/false, index), device, bytes, cudaMemcpyDeviceToHost,
+                             s.stream),
+             "download");
+  check_cuda(cudaEventRecord(slot.done, s.stream), "download");
+  slot.id = id, slot.host = host, slot.bytes = bytes;
+  return id;
+}
+
+void CudaBackend::finish_download_impl(uint64_t id) {
+  CudaState& s = *state_;
+  if (s.download_slots.empty()) return;
+  const size_t index = size_t(id % uint64_t(kDownloadsInFlight));
+  CudaState::HostSlot& slot = s.download_slots[index];
+  if (slot.id != id) return;  // finished already (a later start made room)
+  check_cuda(cudaEventSynchronize(slot.done), "download");
+  std::memcpy(slot.host, slot_memory(s, /*upload=*/false, index), slot.bytes);
+  slot.id = 0;
 }
 
 // ---- bf16 narrowing and widening (matmul inputs under the bf16 policies) ----

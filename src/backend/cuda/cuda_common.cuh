@@ -156,6 +156,21 @@ struct CudaState {
     float kernels_ms = 0, gemm_ms = 0;
   };
   std::map<std::string, RouteTiming> routes;
+  // Pinned host memory for the host crossings that do not wait for the stream (cuda_backend.cu):
+  // small uploads (the batch's ids, positions, masks), copied there and queued, and the downloads
+  // the host collects later (start_download). Each slot holds one copy; its event is recorded after
+  // the copy, and the slot is reused only once the host has waited for that.
+  struct HostSlot {
+    cudaEvent_t done = nullptr;
+    uint64_t id = 0;         // the copy in the slot (0: none the host has not waited for)
+    void* host = nullptr;    // a download's destination
+    size_t bytes = 0;
+  };
+  static constexpr size_t kHostSlotBytes = 64 * 1024;
+  static constexpr int kUploadSlots = 16;
+  char* pinned = nullptr;  // the download slots, then the upload slots
+  std::vector<HostSlot> download_slots, upload_slots;
+  uint64_t downloads_started = 0, uploads_started = 0;
 
   void* scratch_for(int slot, size_t bytes) {
     if (scratch_bytes[size_t(slot)] < bytes) {

@@ -654,6 +654,9 @@ __global__ void embedding_lookup_backward_kernel(const float* dy, const int32_t*
 }
 
 // The keys (blockIdx.y = 0) and the values (1) in one launch.
+__global__ void greedy_tokens_kernel(const float* max_and_argmax, int64_t rows, const uint8_t* keep, int32_t* ids) {
+  FOR_EACH_INDEX(r, rows) if (!keep[r]) ids[r] = int32_t(max_and_argmax[rows + r]);
+}
 __global__ void gather_rows_kernel(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
   FOR_EACH_INDEX(e, n * dim) dst[e] = src[rows[e / dim] * dim + e % dim];
 }
@@ -1154,6 +1157,11 @@ void CudaBackend::embedding_lookup_backward_impl(const float* dy, const int32_t*
   embedding_lookup_backward_kernel<<<blocks_for(dim), kThreads, 0, state_->stream>>>(dy, ids, M, dim, first_row, rows,
                                                                                      factor, grad);
   check_launch("embedding_lookup_backward");
+}
+void CudaBackend::greedy_tokens_impl(const float* max_and_argmax, int64_t rows, const uint8_t* keep, int32_t* ids) {
+  if (rows == 0) return;
+  greedy_tokens_kernel<<<blocks_for(rows), kThreads, 0, state_->stream>>>(max_and_argmax, rows, keep, ids);
+  check_launch("greedy_tokens");
 }
 void CudaBackend::gather_rows_impl(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
   gather_rows_kernel<<<blocks_for(n * dim), kThreads, 0, state_->stream>>>(src, rows, n, dim, dst);
