@@ -77,6 +77,10 @@ TEST(Generate, StopTokensEndTheMaskLikeKeras) {
   options.stop_token_ids = {stop};
   GeneratedIds stopped = generate_ids(meshtune::testing::cpu_context(), model, {row}, {mask}, options);
   for (int i = 0; i < L; ++i) EXPECT_EQ(int(stopped.padding_mask[0][i]), i <= first ? 1 : 0) << i;
+  // Greedy decoding queues steps ahead of the host: those after the stop are dropped, so the row is
+  // the free run's up to the stop and its input after it, as a one-step-at-a-time loop leaves it.
+  for (int i = 0; i < L; ++i)
+    EXPECT_EQ(stopped.token_ids[0][i], i <= first ? free_run.token_ids[0][i] : row[i]) << i;
   // A stop id inside the prompt does not count.
   options.stop_token_ids = {7};
   GeneratedIds in_prompt = generate_ids(meshtune::testing::cpu_context(), model, {row}, {mask}, options);
