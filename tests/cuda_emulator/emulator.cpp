@@ -56,15 +56,16 @@ std::map<const char*, size_t>& allocations() {
   return *blocks;
 }
 
-// Whether [p, p + bytes) lies inside one device allocation.
-bool on_device(const void* p, size_t bytes) {
-  const auto& blocks = allocations();
+// Whether [p, p + bytes) lies inside one of `blocks` (start → bytes): a device allocation, or
+// pinned host memory.
+bool inside_one(const std::map<const char*, size_t>& blocks, const void* p, size_t bytes) {
   auto it = blocks.upper_bound(static_cast<const char*>(p));
   if (it == blocks.begin()) return false;
   --it;
   const char* c = static_cast<const char*>(p);
   return c >= it->first && c + bytes <= it->first + it->second;
 }
+bool on_device(const void* p, size_t bytes) { return inside_one(allocations(), p, bytes); }
 
 // Device memory outside AddressSanitizer (device_work.h): allocations in whole pages of one reserved
 // range, which is readable only while a DeviceWork lives (one mprotect each way for all of it).
@@ -628,14 +629,7 @@ std::map<const char*, size_t>& pinned_blocks() {
   static auto* blocks = new std::map<const char*, size_t>;
   return *blocks;
 }
-bool is_pinned(const void* p, size_t bytes) {
-  const auto& blocks = pinned_blocks();
-  auto it = blocks.upper_bound(static_cast<const char*>(p));
-  if (it == blocks.begin()) return false;
-  --it;
-  const char* c = static_cast<const char*>(p);
-  return c >= it->first && c + bytes <= it->first + it->second;
-}
+bool is_pinned(const void* p, size_t bytes) { return inside_one(pinned_blocks(), p, bytes); }
 struct PinnedCopy {
   uint64_t order = 0;       // its place in the stream
   char* pinned = nullptr;   // the pinned side
