@@ -26,8 +26,9 @@ static void check_options(const GemmaConfig& config, const GenerateOptions& opti
 // a GPU the host's launches then overlap the GPU's work instead of alternating with it.
 static void greedy_steps(const Context& ctx, const GemmaModel& model, int64_t start,
                          std::vector<std::vector<int32_t>>& ids, const std::vector<std::vector<uint8_t>>& mask,
-                         const std::function<bool(int32_t)>& is_stop, std::vector<uint8_t>& stopped, KVCache& cache,
-                         ForwardWorkspace& ws, FloatBuffer& step_logits) {
+                         const std::function<bool(int32_t)>& is_stop, std::vector<uint8_t>& stopped,
+                         const std::function<bool()>& all_stopped, KVCache& cache, ForwardWorkspace& ws,
+                         FloatBuffer& step_logits) {
   Backend& backend = ctx.backend;
   const int64_t B = int64_t(ids.size()), L = int64_t(ids[0].size()), V = model.config.vocab_size;
   // The rows as the backend holds them, position-major ([L, B]: a step's tokens are contiguous),
@@ -61,7 +62,6 @@ static void greedy_steps(const Context& ctx, const GemmaModel& model, int64_t st
   constexpr int64_t kAhead = 2;
   static_assert(kAhead < Backend::kDownloadsInFlight);
   std::vector<Backend::PendingDownload> pending(static_cast<size_t>(L));
-  auto all_stopped = [&] { return std::all_of(stopped.begin(), stopped.end(), [](uint8_t s) { return s; }); };
   bool done = false;  // every row has stopped (with stop tokens given)
   int64_t collected = start;  // steps start … collected − 1 have reached the rows
   auto collect = [&](int64_t index) {
@@ -122,7 +122,7 @@ GeneratedIds generate_ids(const Context& ctx, const GemmaModel& model, std::vect
   FloatBuffer step_logits;
   backend.resize(step_logits, size_t(B * V));
   if (options.sampler.name == "greedy") {
-    greedy_steps(ctx, model, start, ids, mask, is_stop, stopped, cache, ws, step_logits);
+    greedy_steps(ctx, model, start, ids, mask, is_stop, stopped, all_stopped, cache, ws, step_logits);
   } else {
     // The other samplers bring the step's logits to the host (1 MB per row for a 256k vocabulary)
     // and choose there, one step at a time.
