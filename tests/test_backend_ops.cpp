@@ -362,6 +362,13 @@ OpCase long_attention_case() {
   return c;
 }
 
+std::vector<int64_t> decode_long_padding() {
+  std::vector<int64_t> padding;
+  for (int64_t j = 32; j < 48; ++j) padding.push_back(j);
+  for (int64_t j = 0; j < 320; ++j) padding.push_back(320 + j);
+  return padding;
+}
+
 std::vector<OpCase> attention_cases() {
   // AttentionShape{batch, query_len, start, capacity, heads, kv_heads, head_dim, window, soft_cap}
   return {
@@ -374,6 +381,13 @@ std::vector<OpCase> attention_cases() {
       // Decode: one query at position 5 of a cache of 8 slots, and a prefill continuing at 2.
       attention_case("decode", {2, 1, 5, 8, 4, 2, 8, 0, 0.f}, {3}, false),
       attention_case("prefill_at_2", {1, 4, 2, 9, 2, 1, 16, 3, 0.f}, {}, false),
+      // Decode over more key slots than a GPU's split of them (16): row 0 with a whole split padded
+      // (slots 32–47: a split without one allowed key), row 1 with no real key at all (zeros).
+      attention_case("decode_long", {2, 1, 300, 320, 4, 2, 8, 0, 0.f}, decode_long_padding(), false),
+      // A window and a cap: the splits start at the window (slot 131), whose first split is partial.
+      attention_case("decode_window_cap", {1, 1, 200, 256, 4, 1, 16, 70, 20.f}, {150}, false),
+      // A short prefill: its queries' positions end in different splits.
+      attention_case("prefill_few_queries", {1, 3, 40, 48, 2, 1, 8, 0, 0.f}, {20}, false),
       // A long cache: a GPU's attention kernels then need more than the default 48 KB of shared
       // memory per block (three arrays of 4200 slots in backward) and take their widest blocks.
       long_attention_case(),
@@ -408,6 +422,7 @@ const std::vector<Bf16AttentionCase>& bf16_attention_cases() {
       {"bf16_mqa_window_cap", {1, 9, 0, 9, 4, 1, 16, 2, 10.f}, {3}, true, 3.f},
       {"bf16_long_rows", {2, 40, 0, 40, 2, 1, 32, 0, 0.f}, {45}, true, 2.f},
       {"bf16_decode", {2, 1, 5, 8, 4, 2, 8, 0, 0.f}, {3}, false, 3.f},
+      {"bf16_decode_long", {2, 1, 100, 128, 4, 2, 32, 0, 0.f}, {7, 128 + 60}, false, 3.f},
   };
   return cases;
 }

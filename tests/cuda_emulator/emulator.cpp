@@ -463,14 +463,18 @@ void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* ke
   b.shared.assign(shared_bytes + 1, char(0x7f));  // not zero: a kernel must not read what it did not write
   gridDim = grid;
   blockDim = block_shape;
+  // Blocks in index order, or last first under MESHTUNE_CUDA_EMULATOR_ORDER=reverse (as the threads
+  // of a block): a kernel that counts on an order of its blocks (which block finishes last) fails one.
+  const bool reverse = reverse_order();
+  const auto at = [reverse](unsigned i, unsigned n) { return reverse ? n - 1 - i : i; };
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
-        blockIdx = uint3{x, y, z};
+        blockIdx = uint3{at(x, grid.x), at(y, grid.y), at(z, grid.z)};
         std::string error;
         if (!run_block(b, unsigned(threads), error)) {
-          record(cudaErrorLaunchFailure, std::string(name) + ", block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
-                                             std::to_string(z) + "): " + error);
+          record(cudaErrorLaunchFailure, std::string(name) + ", block (" + std::to_string(blockIdx.x) + ", " +
+                                             std::to_string(blockIdx.y) + ", " + std::to_string(blockIdx.z) + "): " + error);
           return;
         }
       }

@@ -40,6 +40,7 @@ CudaBackend::~CudaBackend() {
   for (auto& [p, bytes] : state_->live) cudaFree(p);
   for (void* p : state_->scratch)
     if (p) cudaFree(p);
+  if (state_->tickets) cudaFree(state_->tickets);
   for (const auto* slots : {&state_->download_slots, &state_->upload_slots})
     for (const CudaState::HostSlot& slot : *slots)
       if (slot.done) cudaEventDestroy(slot.done);

@@ -172,6 +172,24 @@ struct CudaState {
   std::vector<HostSlot> download_slots, upload_slots;
   uint64_t downloads_started = 0, uploads_started = 0;
 
+  // Counters of kernels whose last block per item finishes the item (split attention), zero between
+  // launches: grown, and zeroed, when too few.
+  int* tickets = nullptr;
+  int64_t ticket_count = 0;
+
+  int* tickets_for(int64_t count) {
+    if (ticket_count < count) {
+      cuda::check_cuda(cudaStreamSynchronize(stream), "synchronize before growing the ticket counters");
+      if (tickets) cuda::check_cuda(cudaFree(tickets), "free the ticket counters");
+      tickets = nullptr;
+      cuda::check_cuda(cudaMalloc(reinterpret_cast<void**>(&tickets), size_t(count) * sizeof(int)),
+                       "allocate the ticket counters");
+      ticket_count = count;
+      cuda::check_cuda(cudaMemsetAsync(tickets, 0, size_t(count) * sizeof(int), stream), "zero the ticket counters");
+    }
+    return tickets;
+  }
+
   void* scratch_for(int slot, size_t bytes) {
     if (scratch_bytes[size_t(slot)] < bytes) {
       cuda::check_cuda(cudaStreamSynchronize(stream), "synchronize before growing scratch memory");

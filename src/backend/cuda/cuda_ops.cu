@@ -190,16 +190,18 @@ struct Query {
   int64_t b, t, n, kv, pos, qi;
 };
 
-__device__ Query this_query(const AttentionShape& s) {
+// Query `index` of the shape's B·T·N, (b·T + t)·N + n.
+__device__ Query query_at(const AttentionShape& s, int64_t index) {
   Query q;
-  q.n = blockIdx.x % s.heads;
-  q.t = (blockIdx.x / s.heads) % s.query_len;
-  q.b = blockIdx.x / (s.heads * s.query_len);
+  q.n = index % s.heads;
+  q.t = (index / s.heads) % s.query_len;
+  q.b = index / (s.heads * s.query_len);
   q.kv = q.n / (s.heads / s.kv_heads);
   q.pos = s.start + q.t;
   q.qi = ((q.b * s.query_len + q.t) * s.heads + q.n) * s.head_dim;
   return q;
 }
+__device__ Query this_query(const AttentionShape& s) { return query_at(s, blockIdx.x); }
 
 __device__ int64_t key_index(const AttentionShape& s, const Query& q, int64_t j) {
   return ((q.b * s.capacity + j) * s.kv_heads + q.kv) * s.head_dim;
@@ -394,17 +396,121 @@ struct RunningSum {
     if (x > max) sum = sum * exp(max - x), max = x;  // exp(−∞) = 0 for the first value
     sum += exp(x - max);
   }
+  // Merged with another part of the row's.
+  __device__ void merge(double other_max, double other_sum) {
+    const double merged = fmax(max, other_max);
+    sum = (sum > 0 ? sum * exp(max - merged) : 0.0) + (other_sum > 0 ? other_sum * exp(other_max - merged) : 0.0);
+    max = merged;
+  }
   // Merged with the other lanes' (each lane gets the whole warp's; the merge is symmetric, so all agree).
   __device__ void merge_warp() {
     for (int offset = 16; offset > 0; offset /= 2) {
       const double other_max = __shfl_xor_sync(0xffffffffu, max, offset);
       const double other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
-      const double merged = fmax(max, other_max);
-      sum = (sum > 0 ? sum * exp(max - merged) : 0.0) + (other_sum > 0 ? other_sum * exp(other_max - merged) : 0.0);
-      max = merged;
+      merge(other_max, other_sum);
     }
   }
 };
+
+// ---- attention of few queries (decode): each query's key slots split over many blocks ----
+// One block per query leaves decode's B·N blocks on a few of the GPU's multiprocessors, each walking
+// its whole cache. Here the slots a query may see, [first, L), are cut into splits of `length`
+// slots (kSplitSlots, more where the splits of all queries would exceed kSplitBlocks blocks), one
+// block each, in two launches with the per-query kernel's arithmetic:
+//   1. each block's capped scores (to scratch) and their running max and Σ exp(x − max);
+//   2. each block merges its query's splits' statistics in split order (every block of the query
+//      gets the same max and sum), turns its slots into probabilities, writes its partial Σ p̂·v̂ for
+//      each h, and the query's last block to finish (a ticket counter, zero between launches) adds
+//      the partials in split order: the same output on every run.
+constexpr int kSplitSlots = 16, kSplitThreads = 256;
+constexpr int64_t kSplitBlocks = 4096;  // partial sums in scratch: 8 MB at head_dim 256
+
+struct SplitAttention {
+  float* capped = nullptr;     // [queries, L]: slot j of a query at j (slots below `first` unused)
+  double* stats = nullptr;     // [queries · splits, 2]: each split's max and sum
+  double* partial = nullptr;   // [queries · splits, H]
+  int* tickets = nullptr;      // [queries]
+  int64_t first = 0, L = 0, length = 0, splits = 0;  // the splits: [first + i·length, …) below L
+};
+
+__device__ int64_t split_end(const SplitAttention& a, int64_t split) {
+  const int64_t end = a.first + (split + 1) * a.length;
+  return end < a.L ? end : a.L;
+}
+
+__global__ void split_attention_scores_kernel(const float* q, const float* k, const uint8_t* key_valid,
+                                              AttentionShape s, SplitAttention a) {
+  __shared__ double warp_max[kSplitThreads / 32], warp_sum_exp[kSplitThreads / 32];
+  const int64_t query = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
+  const Query qq = query_at(s, query);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  float* capped = a.capped + query * a.L;
+  RunningSum local;  // of this warp's slots (lane 0's)
+  for (int64_t j = a.first + split * a.length + warp; j < split_end(a, split); j += warps) {
+    const bool allowed = key_allowed(s, key_valid, qq.b, qq.pos, j);
+    double d = allowed ? warp_dot(s, q + qq.qi, k + key_index(s, qq, j)) : 0;
+    if (allowed && s.soft_cap > 0) d = tanh(d / s.soft_cap) * s.soft_cap;
+    if (lane == 0) {
+      capped[j] = float(d);
+      if (allowed) local.add(float(d));
+    }
+  }
+  if (lane == 0) warp_max[warp] = local.max, warp_sum_exp[warp] = local.sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    RunningSum block;
+    for (int w = 0; w < warps; ++w) block.merge(warp_max[w], warp_sum_exp[w]);  // in warp order
+    a.stats[2 * blockIdx.x] = block.max;
+    a.stats[2 * blockIdx.x + 1] = block.sum;
+  }
+}
+
+__global__ void split_attention_values_kernel(const float* v, const uint8_t* key_valid, AttentionShape s,
+                                              SplitAttention a, float* out) {
+  extern __shared__ float p[];  // the split's probabilities
+  __shared__ bool last;
+  const int64_t query = blockIdx.x / a.splits, split = blockIdx.x % a.splits, H = s.head_dim;
+  const Query qq = query_at(s, query);
+  // The query's max and sum: each lane merges every 32nd split in order, then the warp's lanes
+  // (every warp alike, so no barrier is needed before using them).
+  RunningSum total;
+  for (int64_t i = threadIdx.x % 32; i < a.splits; i += 32)
+    total.merge(a.stats[2 * (query * a.splits + i)], a.stats[2 * (query * a.splits + i) + 1]);
+  total.merge_warp();
+  const int64_t first = a.first + split * a.length, end = split_end(a, split);
+  const float* capped = a.capped + query * a.L;
+  for (int64_t j = first + threadIdx.x; j < end; j += blockDim.x) {
+    float pj = 0;  // as attention_kernel: the exponential in fp32, then divided by the sum
+    if (key_allowed(s, key_valid, qq.b, qq.pos, j) && total.sum > 0)
+      pj = s.product_input(float(double(float(exp(double(capped[j]) - total.max))) / total.sum));
+    p[j - first] = pj;
+  }
+  __syncthreads();
+  double* partial = a.partial + int64_t(blockIdx.x) * H;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    double acc = 0;
+    visit_in_flight(
+        first, end, 1, [&](int64_t j) { return s.product_input(v[key_index(s, qq, j) + h]); },
+        [&](int64_t j, float value) {
+          if (p[j - first] != 0) acc += double(p[j - first]) * value;
+        });
+    partial[h] = acc;
+  }
+  // The last of the query's blocks adds the partials (theirs visible after their fences).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(a.tickets + query, 1) == int(a.splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const volatile double* partials = a.partial + query * a.splits * H;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    double sum = 0;
+    for (int64_t i = 0; i < a.splits; ++i) sum += partials[i * H + h];
+    out[qq.qi + h] = float(sum);
+  }
+  if (threadIdx.x == 0) a.tickets[query] = 0;  // for the next launch
+}
 
 // A row of raw scores becomes the query's probabilities (0 where not allowed): in place, or rounded
 // to bf16 into `rounded` when given (bf16_products); its capped scores go to `capped` when given
@@ -858,18 +964,6 @@ static unsigned attention_threads(const AttentionShape& s, int64_t queries) {
 // key slots' scores in shared memory: suits decode's few queries), or cuBLAS' batched products with
 // softmax kernels over score rows in scratch memory (suits the long sequences of training and prefill).
 
-static void attention_by_kernels(CudaState& st, int gpu, const float* q, const float* k, const float* v,
-                                 const uint8_t* key_valid, const AttentionShape& s, float* out) {
-  const int64_t queries = s.batch * s.query_len * s.heads;
-  const unsigned threads = attention_threads(s, queries);
-  // Probabilities and capped scores per slot, then the slot groups' partial sums.
-  const size_t bytes = size_t(attention_partials_offset(s)) * sizeof(float) +
-                       size_t(attention_slot_groups(s, threads) * s.head_dim) * sizeof(double);
-  const size_t shared = attention_shared_bytes(attention_kernel, s, bytes, gpu);
-  attention_kernel<<<unsigned(queries), threads, shared, st.stream>>>(q, k, v, key_valid, s, out);
-  check_launch("attention");
-}
-
 // One scratch slot carved into arrays, each on a 256-byte boundary: made without a base it only
 // adds up their sizes.
 class ScratchArrays {
@@ -887,6 +981,51 @@ class ScratchArrays {
   char* base_;
   size_t bytes_ = 0;
 };
+
+// Few queries (decode, short prefills) over more key slots than one split: split_attention_*.
+constexpr int64_t kSplitQueries = 512;
+
+static void attention_by_splits(CudaState& st, int gpu, const float* q, const float* k, const float* v,
+                                const uint8_t* key_valid, const AttentionShape& s, int64_t first, float* out) {
+  const int64_t queries = s.batch * s.query_len * s.heads;
+  SplitAttention a;
+  a.first = first, a.L = attention_key_slots(s);
+  const int64_t span = a.L - first, most_splits = std::max<int64_t>(1, kSplitBlocks / queries);
+  a.length = std::max<int64_t>(kSplitSlots, (span + most_splits - 1) / most_splits);
+  a.splits = (span + a.length - 1) / a.length;
+  const auto carve = [&](ScratchArrays arrays) {
+    a.capped = arrays.take<float>(queries * a.L);
+    a.stats = arrays.take<double>(2 * queries * a.splits);
+    a.partial = arrays.take<double>(queries * a.splits * s.head_dim);
+    return arrays.bytes();
+  };
+  const size_t bytes = carve(ScratchArrays());
+  carve(ScratchArrays(st.scratch_for(kAttentionScratch, bytes)));
+  a.tickets = st.tickets_for(queries);
+  const unsigned blocks = unsigned(queries * a.splits);
+  split_attention_scores_kernel<<<blocks, kSplitThreads, 0, st.stream>>>(q, k, key_valid, s, a);
+  check_launch("attention (split scores)");
+  const size_t shared = attention_shared_bytes(split_attention_values_kernel, s, size_t(a.length) * sizeof(float), gpu);
+  split_attention_values_kernel<<<blocks, kSplitThreads, shared, st.stream>>>(v, key_valid, s, a, out);
+  check_launch("attention (split values)");
+}
+
+static void attention_by_kernels(CudaState& st, int gpu, const float* q, const float* k, const float* v,
+                                 const uint8_t* key_valid, const AttentionShape& s, float* out) {
+  const int64_t queries = s.batch * s.query_len * s.heads;
+  // The first slot any query may see: the first query's window start.
+  const int64_t first = s.window > 0 ? std::max<int64_t>(0, s.start - s.window + 1) : 0;
+  if (queries <= kSplitQueries && attention_key_slots(s) - first > kSplitSlots)
+    return attention_by_splits(st, gpu, q, k, v, key_valid, s, first, out);
+  const unsigned threads = attention_threads(s, queries);
+  // Probabilities and capped scores per slot, then the slot groups' partial sums.
+  const size_t bytes = size_t(attention_partials_offset(s)) * sizeof(float) +
+                       size_t(attention_slot_groups(s, threads) * s.head_dim) * sizeof(double);
+  const size_t shared = attention_shared_bytes(attention_kernel, s, bytes, gpu);
+  attention_kernel<<<unsigned(queries), threads, shared, st.stream>>>(q, k, v, key_valid, s, out);
+  check_launch("attention");
+}
+
 
 // What the products route keeps in scratch: the score rows [queries, L] (fp32: scores, then on the
 // fp32 route the probabilities, in place); backward's score gradients (fp32 dp, in place on the fp32

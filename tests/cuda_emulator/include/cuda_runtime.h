@@ -37,6 +37,15 @@ struct alignas(16) uint4 {
 inline uint3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 
+// Atomics and fences: blocks run one at a time and a block's threads switch only at barriers and
+// shuffles, so a plain read-modify-write is atomic here and every write is seen at once.
+inline int atomicAdd(int* address, int value) {
+  const int old = *address;
+  *address = old + value;
+  return old;
+}
+inline void __threadfence() {}
+
 enum cudaError {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,

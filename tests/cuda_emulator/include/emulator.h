@@ -5,7 +5,8 @@
 //     shuffles switch between them, so barriers, shared memory and warp sums behave as on a GPU
 //     (in index order, or last first under MESHTUNE_CUDA_EMULATOR_ORDER=reverse — the registry runs
 //     both —, so a missing barrier shows; other races, e.g. two threads adding into one value without
-//     atomics, are not found);
+//     atomics, are not found); blocks run one at a time, in index order or (reverse) last first, so
+//     a kernel whose last block finishes the work must find the last by its ticket, not its index;
 //   - a barrier some threads of the block never reach, a full-mask shuffle some lanes of the warp
 //     never reach, or a shuffle in a block that is not whole warps is a launch error, as are launch
 //     shapes a GPU refuses (0 blocks, more than 1024 threads, more dynamic shared memory than
