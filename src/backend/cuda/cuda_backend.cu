@@ -502,7 +502,7 @@ void CudaBackend::linear_shared_input_impl(const float* x, int64_t M, const std:
       shape += " " + std::to_string(out.W->rows) + (out.W->dtype == DType::BF16 ? " bf16" : " f32");
     return shape + (precision == MatmulPrecision::BF16 ? ", bf16 products" : ", f32 products");
   };
-  run(cuda::route_is_gemm(s, forced, key, run));
+  run(cuda::route_is_second(s, forced, key, run));
 }
 
 void CudaBackend::linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,

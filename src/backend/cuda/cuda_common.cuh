@@ -150,10 +150,12 @@ struct CudaState {
   std::vector<void*> scratch = std::vector<void*>(7, nullptr);
   std::vector<size_t> scratch_bytes = std::vector<size_t>(7, 0);
   // The route of each op and shape with two (our kernels or cuBLAS' products: attention per direction,
-  // linear of few rows), as measured at its first call (cuda::route_is_gemm), by key.
+  // linear of few rows; decode attention per query or split), as measured at its first call
+  // (cuda::route_is_second), by key.
   struct RouteTiming {
-    bool gemm = false;
-    float kernels_ms = 0, gemm_ms = 0;
+    bool second = false;
+    float first_ms = 0, second_ms = 0;
+    const char *first_name = "", *second_name = "";
   };
   std::map<std::string, RouteTiming> routes;
   // Pinned host memory for the host crossings that do not wait for the stream (cuda_backend.cu):
@@ -218,16 +220,21 @@ void sgemm(CudaState& s, bool transpose_a, bool transpose_b, int64_t M, int64_t 
            const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc,
            const char* op, Batch batch = {});
 
-// An op with two routes — our kernels, or cuBLAS' products (run(gemm)) — and which one its shape
-// takes: the one `forced` names (an environment variable's value: kernels or gemm), or with `forced`
-// auto the faster, timed at the first call of the shape's key() (each route run once untimed, then
-// twice timed; the output is the chosen route's) and kept in s.routes. key() is called only under
-// auto: a forced route builds no key on the hot path. The routes agree to rounding: both are tested
-// against the reference.
-bool route_is_gemm(CudaState& s, const std::string& forced, const std::function<std::string()>& key,
-                   const std::function<void(bool gemm)>& run);
-// The route environment variable `name` forces: auto (unset), kernels or gemm; anything else is an Error.
-std::string forced_route(const char* name);
+// An op's two routes by name: our kernels or cuBLAS' products, unless named otherwise.
+struct RouteNames {
+  const char* first = "kernels";
+  const char* second = "gemm";
+};
+
+// An op with two routes (run(false), run(true)) and which one its shape takes: the one `forced`
+// names (an environment variable's value: one of `names`), or with `forced` auto the faster, timed
+// at the first call of the shape's key() (each route run once untimed, then twice timed; the output
+// is the chosen route's) and kept in s.routes. key() is called only under auto: a forced route
+// builds no key on the hot path. The routes agree to rounding: both are tested against the reference.
+bool route_is_second(CudaState& s, const std::string& forced, const std::function<std::string()>& key,
+                     const std::function<void(bool second)>& run, RouteNames names = {});
+// The route environment variable `name` forces: auto (unset) or one of `names`; anything else is an Error.
+std::string forced_route(const char* name, RouteNames names = {});
 
 // dst = src rounded to bf16 (nearest even), n values; or several arrays into consecutive parts of
 // dst, up to 16 a launch.

@@ -1010,22 +1010,60 @@ static void attention_by_splits(CudaState& st, int gpu, const float* q, const fl
   check_launch("attention (split values)");
 }
 
+static void attention_per_query(CudaState& st, int gpu, const float* q, const float* k, const float* v,
+                                const uint8_t* key_valid, const AttentionShape& s, float* out);
+static bool per_query_fits(const AttentionShape& s, int64_t queries, int gpu);
+
 static void attention_by_kernels(CudaState& st, int gpu, const float* q, const float* k, const float* v,
                                  const uint8_t* key_valid, const AttentionShape& s, float* out) {
   const int64_t queries = s.batch * s.query_len * s.heads;
   // The first slot any query may see: the first query's window start.
   const int64_t first = s.window > 0 ? std::max<int64_t>(0, s.start - s.window + 1) : 0;
-  if (queries <= kSplitQueries && attention_key_slots(s) - first > kSplitSlots)
-    return attention_by_splits(st, gpu, q, k, v, key_valid, s, first, out);
+  const int64_t visible = attention_key_slots(s) - first;
+  if (queries <= kSplitQueries && visible > kSplitSlots) {
+    if (!per_query_fits(s, queries, gpu)) return attention_by_splits(st, gpu, q, k, v, key_valid, s, first, out);
+    // Per query or split, whichever the shape measured faster (MESHTUNE_CUDA_DECODE_ATTENTION): keyed
+    // by the visible slots' power of two, so that decode measures again as its cache fills.
+    static const std::string forced = cuda::forced_route("MESHTUNE_CUDA_DECODE_ATTENTION", {"per-query", "split"});
+    const auto key = [&] {
+      int64_t slots = 1;
+      while (slots < visible) slots *= 2;
+      return "attention few queries B=" + std::to_string(s.batch) + " T=" + std::to_string(s.query_len) +
+             " N=" + std::to_string(s.heads) + " K=" + std::to_string(s.kv_heads) + " H=" + std::to_string(s.head_dim) +
+             " slots<=" + std::to_string(slots) + " cap=" + std::to_string(s.soft_cap > 0) +
+             " bf16=" + std::to_string(s.bf16_products);
+    };
+    const auto run = [&](bool split) {
+      if (split) attention_by_splits(st, gpu, q, k, v, key_valid, s, first, out);
+      else attention_per_query(st, gpu, q, k, v, key_valid, s, out);
+    };
+    return run(cuda::route_is_second(st, forced, key, run, {"per-query", "split"}));
+  }
+  attention_per_query(st, gpu, q, k, v, key_valid, s, out);
+}
+
+// attention_kernel's shared memory: probabilities and capped scores per slot, then the slot groups'
+// partial sums.
+static size_t per_query_shared_bytes(const AttentionShape& s, int64_t queries) {
+  return size_t(attention_partials_offset(s)) * sizeof(float) +
+         size_t(attention_slot_groups(s, attention_threads(s, queries)) * s.head_dim) * sizeof(double);
+}
+static bool per_query_fits(const AttentionShape& s, int64_t queries, int gpu) {
+  const size_t bytes = per_query_shared_bytes(s, queries);
+  if (bytes <= 48 * 1024) return true;
+  int limit = 0;
+  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu), "attention");
+  return bytes <= size_t(limit);
+}
+
+static void attention_per_query(CudaState& st, int gpu, const float* q, const float* k, const float* v,
+                                const uint8_t* key_valid, const AttentionShape& s, float* out) {
+  const int64_t queries = s.batch * s.query_len * s.heads;
   const unsigned threads = attention_threads(s, queries);
-  // Probabilities and capped scores per slot, then the slot groups' partial sums.
-  const size_t bytes = size_t(attention_partials_offset(s)) * sizeof(float) +
-                       size_t(attention_slot_groups(s, threads) * s.head_dim) * sizeof(double);
-  const size_t shared = attention_shared_bytes(attention_kernel, s, bytes, gpu);
+  const size_t shared = attention_shared_bytes(attention_kernel, s, per_query_shared_bytes(s, queries), gpu);
   attention_kernel<<<unsigned(queries), threads, shared, st.stream>>>(q, k, v, key_valid, s, out);
   check_launch("attention");
 }
-
 
 // What the products route keeps in scratch: the score rows [queries, L] (fp32: scores, then on the
 // fp32 route the probabilities, in place); backward's score gradients (fp32 dp, in place on the fp32
@@ -1147,21 +1185,22 @@ static void attention_backward_by_products(CudaState& st, const float* q, const 
   }
 }
 
-std::string cuda::forced_route(const char* name) {
+std::string cuda::forced_route(const char* name, RouteNames names) {
   const char* value = std::getenv(name);
   const std::string route = value ? value : "auto";
-  check(route == "auto" || route == "kernels" || route == "gemm", name, "=", brief(route),
-        ": expected auto, kernels or gemm");
+  check(route == "auto" || route == names.first || route == names.second, name, "=", brief(route),
+        ": expected auto, ", names.first, " or ", names.second);
   return route;
 }
 
-bool cuda::route_is_gemm(CudaState& st, const std::string& forced, const std::function<std::string()>& shape_key,
-                         const std::function<void(bool gemm)>& run) {
-  if (forced != "auto") return forced == "gemm";
+bool cuda::route_is_second(CudaState& st, const std::string& forced, const std::function<std::string()>& shape_key,
+                           const std::function<void(bool second)>& run, RouteNames names) {
+  if (forced != "auto") return forced == names.second;
   const std::string key = shape_key();
   auto known = st.routes.find(key);
-  if (known != st.routes.end()) return known->second.gemm;
+  if (known != st.routes.end()) return known->second.second;
   CudaState::RouteTiming timing;
+  timing.first_name = names.first, timing.second_name = names.second;
   cudaEvent_t marks[5] = {};
   const std::string what = "time the routes of " + key;
   for (cudaEvent_t& e : marks) check_cuda(cudaEventCreate(&e), what.c_str());
@@ -1177,14 +1216,14 @@ bool cuda::route_is_gemm(CudaState& st, const std::string& forced, const std::fu
   float ms[4] = {};
   for (int i = 0; i < 4; ++i) check_cuda(cudaEventElapsedTime(&ms[i], marks[i], marks[i + 1]), what.c_str());
   for (cudaEvent_t e : marks) cudaEventDestroy(e);
-  timing.kernels_ms = std::min(ms[0], ms[2]);
-  timing.gemm_ms = std::min(ms[1], ms[3]);
-  timing.gemm = timing.gemm_ms < timing.kernels_ms;
+  timing.first_ms = std::min(ms[0], ms[2]);
+  timing.second_ms = std::min(ms[1], ms[3]);
+  timing.second = timing.second_ms < timing.first_ms;
   st.routes[key] = timing;
-  return timing.gemm;
+  return timing.second;
 }
 
-// Attention's route (cuda::route_is_gemm), MESHTUNE_CUDA_ATTENTION. The key leaves out `start`:
+// Attention's route (cuda::route_is_second), MESHTUNE_CUDA_ATTENTION. The key leaves out `start`:
 // decode's calls differ only there.
 static bool attention_by_gemm(CudaState& st, const AttentionShape& s, bool backward,
                               const std::function<void(bool gemm)>& run) {
@@ -1196,7 +1235,7 @@ static bool attention_by_gemm(CudaState& st, const AttentionShape& s, bool backw
            " window=" + std::to_string(s.window) + " cap=" + std::to_string(s.soft_cap > 0) +
            " bf16=" + std::to_string(s.bf16_products);
   };
-  return cuda::route_is_gemm(st, forced, key, run);
+  return cuda::route_is_second(st, forced, key, run);
 }
 
 void CudaBackend::attention_impl(const float* q, const float* k, const float* v, const uint8_t* key_valid,
@@ -1227,8 +1266,8 @@ std::vector<std::string> CudaBackend::routes() const {
   std::vector<std::string> lines;
   for (const auto& [key, t] : state_->routes) {
     char line[256];
-    std::snprintf(line, sizeof line, "%s: kernels %.3f ms, gemm %.3f ms -> %s", key.c_str(), t.kernels_ms, t.gemm_ms,
-                  t.gemm ? "gemm" : "kernels");
+    std::snprintf(line, sizeof line, "%s: %s %.3f ms, %s %.3f ms -> %s", key.c_str(), t.first_name, t.first_ms,
+                  t.second_name, t.second_ms, t.second ? t.second_name : t.first_name);
     lines.push_back(line);
   }
   return lines;
