@@ -572,6 +572,30 @@ std::vector<OpCase> data_movement_cases() {
     cases.push_back(std::move(c));
   }
   {
+    // Decode's rows: few and long (a GPU cuts each into parts of 4096 or more columns). Row 0's
+    // maximum is tied in two parts (the earlier wins), row 1's is its last column, row 2's first.
+    OpCase c;
+    c.name = "greedy_tokens_long_rows";
+    constexpr int64_t n = 3, cols = 50000;
+    c.make_inputs = [] {
+      Values z = random_vector(size_t(n * cols), 24, 3.f);
+      z[100] = z[30000] = z[30001] = 99.f;  // above every random logit
+      z[cols + cols - 1] = 99.f;
+      z[2 * cols] = z[2 * cols + 49999] = 99.f;
+      return Inputs{z};
+    };
+    c.forward = [](Backend& b, Inputs& in) {
+      SoftmaxRows stats;
+      b.softmax_row_max(put(b, in[0]), n, cols, 7, stats);
+      Buffer<int32_t> ids = put(b, std::vector<int32_t>{0, 0, 0});
+      b.greedy_tokens(stats, n, put(b, std::vector<uint8_t>{0, 0, 0}), ids);
+      std::vector<int32_t> host(3);
+      b.download(ids, host);
+      return Inputs{Values(host.begin(), host.end()), get(b, stats.max_and_argmax)};
+    };
+    cases.push_back(std::move(c));
+  }
+  {
     // A vocabulary part: rows 3 … 10 of a 14-row table, in fp32, bf16 and int8, scaled by 2.75 (Gemma's √D).
     for (DType dtype : {DType::F32, DType::BF16, DType::I8}) {
       OpCase c;

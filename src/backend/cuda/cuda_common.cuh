@@ -145,10 +145,11 @@ struct CudaState {
   std::unordered_map<void*, size_t> live;               // allocated block → bytes
   std::unordered_multimap<size_t, void*> free_blocks;   // released blocks, reused by exact size
   // Scratch of the ops (bf16 copies of matmul inputs, widened weights, LoRA's intermediate
-  // products, per-row values, partial sums, attention backward's probabilities; slots 0–3
-  // cuda_backend.cu's, 4–6 cuda_ops.cu's): grown when too small, never shrunk, reused in stream order.
-  std::vector<void*> scratch = std::vector<void*>(7, nullptr);
-  std::vector<size_t> scratch_bytes = std::vector<size_t>(7, 0);
+  // products, per-row values, partial sums, attention's scores, probabilities and score gradients,
+  // the row maxima of long rows' parts; slots 0–3 cuda_backend.cu's, 4–7 cuda_ops.cu's): grown when
+  // too small, never shrunk, reused in stream order.
+  std::vector<void*> scratch = std::vector<void*>(8, nullptr);
+  std::vector<size_t> scratch_bytes = std::vector<size_t>(8, 0);
   // The route of each op and shape with two (our kernels or cuBLAS' products: attention per direction,
   // linear of few rows; decode attention per query or split), as measured at its first call
   // (cuda::route_is_second), by key.

@@ -33,6 +33,7 @@ namespace {
 constexpr int kRowScratch = 4;   // per-row values: RMSNorm's 1/rms
 constexpr int kSumScratch = 5;   // partial sums and flags brought back to the host
 constexpr int kAttentionScratch = 6;  // attention backward's probabilities and score gradients
+constexpr int kRowMaxScratch = 7;     // the row maxima of the parts of few long rows
 
 // The largest `value` over the block (every thread gets it).
 __device__ float block_max(float value) {
@@ -638,27 +639,54 @@ __device__ void scan_row(const float* row, int64_t cols, const Visit& visit) {
   visit_in_flight(threadIdx.x, cols, blockDim.x, [&](int64_t c) { return row[c]; }, visit);
 }
 
-// Each row's largest logit and its vocabulary index (the first on ties).
-__global__ void softmax_row_max_kernel(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax) {
+// Each row's largest logit and its vocabulary index (the first on ties). A row may be cut into
+// `parts` consecutive column ranges, a block each (decode: one row of 256k logits per sequence, which
+// a single block walked at 1000 values a thread); each part's best goes to `partial`, and the row's
+// last block to finish (a ticket counter, zero between launches) picks the first best in part order.
+struct RowMaxParts {
+  int64_t parts = 1;
+  float* partial = nullptr;  // [n · parts, 2]: each part's max and column
+  int* tickets = nullptr;    // [n]
+};
+
+__global__ void softmax_row_max_kernel(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax,
+                                       RowMaxParts split) {
   __shared__ int64_t best_index[kThreads];
-  const float* row = z + blockIdx.x * cols;
+  __shared__ bool last;
+  const int64_t r = blockIdx.x / split.parts, part = blockIdx.x % split.parts;
+  const int64_t first = cols * part / split.parts, end = cols * (part + 1) / split.parts;
+  const float* row = z + r * cols;
   float value = -INFINITY;
   int64_t index = -1;
-  scan_row(row, cols, [&](int64_t c, float x) {
+  visit_in_flight(first + threadIdx.x, end, blockDim.x, [&](int64_t c) { return row[c]; }, [&](int64_t c, float x) {
     if (index < 0 || x > value) value = x, index = c;
   });
   best_index[threadIdx.x] = index;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t best = -1;
-    for (unsigned t = 0; t < blockDim.x; ++t) {
-      const int64_t c = best_index[t];
-      if (c < 0) continue;
-      if (best < 0 || row[c] > row[best] || (row[c] == row[best] && c < best)) best = c;
-    }
-    max_and_argmax[blockIdx.x] = row[best];
-    max_and_argmax[n + blockIdx.x] = float(v0 + best);
+  if (threadIdx.x != 0) return;
+  int64_t best = -1;
+  for (unsigned t = 0; t < blockDim.x; ++t) {
+    const int64_t c = best_index[t];
+    if (c < 0) continue;
+    if (best < 0 || row[c] > row[best] || (row[c] == row[best] && c < best)) best = c;
   }
+  if (split.parts == 1) {
+    max_and_argmax[r] = row[best];
+    max_and_argmax[n + r] = float(v0 + best);
+    return;
+  }
+  split.partial[2 * blockIdx.x] = row[best];
+  split.partial[2 * blockIdx.x + 1] = float(best);
+  __threadfence();  // the part's best visible before its ticket
+  if (atomicAdd(split.tickets + r, 1) != int(split.parts - 1)) return;
+  __threadfence();
+  const volatile float* parts = split.partial + 2 * r * split.parts;
+  float top = parts[0], column = parts[1];
+  for (int64_t i = 1; i < split.parts; ++i)
+    if (parts[2 * i] > top) top = parts[2 * i], column = parts[2 * i + 1];  // a later part wins only if larger
+  max_and_argmax[r] = top;
+  max_and_argmax[n + r] = float(v0 + int64_t(column));
+  split.tickets[r] = 0;  // for the next launch
 }
 
 __global__ void softmax_combine_max_kernel(const float* gathered, int parts, int64_t n, float* max_and_argmax) {
@@ -1293,7 +1321,16 @@ void CudaBackend::soft_cap_backward_impl(const float* y, float* dy, int64_t n, f
 
 void CudaBackend::softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax) {
   if (n == 0) return;
-  softmax_row_max_kernel<<<unsigned(n), kThreads, 0, state_->stream>>>(z, n, cols, v0, max_and_argmax);
+  // Few rows (decode) of many columns: parts of at least kRowMaxPartCols columns, about 256 blocks.
+  constexpr int64_t kRowMaxPartCols = 4096, kRowMaxBlocks = 256;
+  RowMaxParts split;
+  split.parts = std::max<int64_t>(1, std::min(cols / kRowMaxPartCols, kRowMaxBlocks / n));
+  if (split.parts > 1) {
+    split.partial = static_cast<float*>(state_->scratch_for(kRowMaxScratch, size_t(2 * n * split.parts) * sizeof(float)));
+    split.tickets = state_->tickets_for(n);
+  }
+  softmax_row_max_kernel<<<unsigned(n * split.parts), kThreads, 0, state_->stream>>>(z, n, cols, v0, max_and_argmax,
+                                                                                    split);
   check_launch("softmax_row_max");
 }
 void CudaBackend::softmax_combine_max_impl(const float* gathered, int parts, int64_t n, float* max_and_argmax) {
