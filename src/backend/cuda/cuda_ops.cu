@@ -32,7 +32,7 @@ namespace {
 // Scratch slots of this file (cuda_backend.cu uses 0–3).
 constexpr int kRowScratch = 4;   // per-row values: RMSNorm's 1/rms
 constexpr int kSumScratch = 5;   // partial sums and flags brought back to the host
-constexpr int kAttentionScratch = 6;  // attention backward's probabilities and score gradients
+constexpr int kAttentionScratch = 6;  // attention: score rows, probabilities, score gradients; decode splits
 constexpr int kRowMaxScratch = 7;     // the row maxima of the parts of few long rows
 
 // The largest `value` over the block (every thread gets it).
