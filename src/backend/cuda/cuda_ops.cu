@@ -264,17 +264,30 @@ __device__ void visit_in_flight(int64_t first, int64_t end, int64_t step, const 
   }
 }
 
-// Σ_j w[j]·rows[slot j][h] over key slots first … end−1 whose weight is not zero, in slot order and in
-// double; the rows (values or keys) as the products take them.
+// Σ_j w[j − w_first]·rows[slot j][h] over key slots first … end−1 whose weight is not zero, in slot
+// order and in double; the rows (values or keys) as the products take them.
 __device__ double weighted_slot_sum(const float* w, const float* rows, const AttentionShape& s, const Query& qq,
-                                    int64_t h, int64_t first, int64_t end) {
+                                    int64_t h, int64_t first, int64_t end, int64_t w_first = 0) {
   double acc = 0;
   visit_in_flight(
       first, end, 1, [&](int64_t j) { return s.product_input(rows[key_index(s, qq, j) + h]); },
       [&](int64_t j, float value) {
-        if (w[j] != 0) acc += double(w[j]) * value;
+        if (w[j - w_first] != 0) acc += double(w[j - w_first]) * value;
       });
   return acc;
+}
+
+// Whether the calling block is the last of `blocks` to get here for the item `ticket` counts (one
+// thread of the block calls it, after the block's results are written); the last resets the count.
+// The fences make every block's results visible to the last one.
+__device__ bool last_block_of(int* ticket, int64_t blocks) {
+  __threadfence();
+  const bool last = atomicAdd(ticket, 1) == int(blocks - 1);
+  if (last) {
+    __threadfence();
+    *ticket = 0;  // for the next launch
+  }
+  return last;
 }
 
 // The forward kernel's slot groups for a block of `threads` (at least one), and where its partial sums
@@ -488,29 +501,20 @@ __global__ void split_attention_values_kernel(const float* v, const uint8_t* key
   }
   __syncthreads();
   double* partial = a.partial + int64_t(blockIdx.x) * H;
-  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
-    double acc = 0;
-    visit_in_flight(
-        first, end, 1, [&](int64_t j) { return s.product_input(v[key_index(s, qq, j) + h]); },
-        [&](int64_t j, float value) {
-          if (p[j - first] != 0) acc += double(p[j - first]) * value;
-        });
-    partial[h] = acc;
-  }
-  // The last of the query's blocks adds the partials (theirs visible after their fences).
-  __threadfence();
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
+    partial[h] = weighted_slot_sum(p, v, s, qq, h, first, end, first);
+  // The last of the query's blocks adds the partials.
+  __threadfence();  // each thread's partials, before thread 0 takes the ticket
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.tickets + query, 1) == int(a.splits - 1);
+  if (threadIdx.x == 0) last = last_block_of(a.tickets + query, a.splits);
   __syncthreads();
   if (!last) return;
-  __threadfence();
   const volatile double* partials = a.partial + query * a.splits * H;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
     double sum = 0;
     for (int64_t i = 0; i < a.splits; ++i) sum += partials[i * H + h];
     out[qq.qi + h] = float(sum);
   }
-  if (threadIdx.x == 0) a.tickets[query] = 0;  // for the next launch
 }
 
 // A row of raw scores becomes the query's probabilities (0 where not allowed): in place, or rounded
@@ -652,7 +656,6 @@ struct RowMaxParts {
 __global__ void softmax_row_max_kernel(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax,
                                        RowMaxParts split) {
   __shared__ int64_t best_index[kThreads];
-  __shared__ bool last;
   const int64_t r = blockIdx.x / split.parts, part = blockIdx.x % split.parts;
   const int64_t first = cols * part / split.parts, end = cols * (part + 1) / split.parts;
   const float* row = z + r * cols;
@@ -677,16 +680,13 @@ __global__ void softmax_row_max_kernel(const float* z, int64_t n, int64_t cols, 
   }
   split.partial[2 * blockIdx.x] = row[best];
   split.partial[2 * blockIdx.x + 1] = float(best);
-  __threadfence();  // the part's best visible before its ticket
-  if (atomicAdd(split.tickets + r, 1) != int(split.parts - 1)) return;
-  __threadfence();
+  if (!last_block_of(split.tickets + r, split.parts)) return;
   const volatile float* parts = split.partial + 2 * r * split.parts;
   float top = parts[0], column = parts[1];
   for (int64_t i = 1; i < split.parts; ++i)
     if (parts[2 * i] > top) top = parts[2 * i], column = parts[2 * i + 1];  // a later part wins only if larger
   max_and_argmax[r] = top;
   max_and_argmax[n + r] = float(v0 + int64_t(column));
-  split.tickets[r] = 0;  // for the next launch
 }
 
 __global__ void softmax_combine_max_kernel(const float* gathered, int parts, int64_t n, float* max_and_argmax) {
