@@ -140,6 +140,30 @@ std::vector<OpCase> linear_cases() {
       c.tolerance = precision == MatmulPrecision::BF16 ? 1e-4 : 1e-5;
       cases.push_back(std::move(c));
     }
+  // Gate and up ending in GeGLU (linear_geglu): few rows (a GPU's one-launch kernel) and more; a bf16
+  // gate beside an fp32 (odd M) or bf16 up; widths of whole 16-byte loads and an odd one; out apart
+  // from gate, or onto it (M = 5).
+  for (int64_t M : {1, 5, 8, 12})
+    for (MatmulPrecision precision : {MatmulPrecision::F32, MatmulPrecision::BF16}) {
+      OpCase c;
+      c.name = std::string("linear_geglu_") + (precision == MatmulPrecision::BF16 ? "bf16inputs_" : "") +
+               std::to_string(M);
+      const int64_t cols = M == 5 ? 33 : 40, rows = 23;
+      c.make_inputs = [=] {
+        return Inputs{random_vector(size_t(M * cols), 9), random_vector(size_t(rows * cols), 10, 0.3f),
+                      random_vector(size_t(rows * cols), 11, 0.3f)};
+      };
+      c.forward = [=](Backend& b, Inputs& in) {
+        const WeightMatrix gate_W = b.upload(matrix(rows, cols, in[1], DType::BF16)),
+                           up_W = b.upload(matrix(rows, cols, in[2], M % 2 ? DType::F32 : DType::BF16));
+        FloatBuffer gate = put(b, zeros(M * rows)), up = put(b, zeros(M * rows)), out = put(b, zeros(M * rows));
+        FloatBuffer& result = M == 5 ? gate : out;
+        b.linear_geglu(put(b, in[0]), M, gate_W, up_W, gate, up, result, precision);
+        return Inputs{get(b, result)};
+      };
+      c.tolerance = precision == MatmulPrecision::BF16 ? 1e-4 : 1e-5;
+      cases.push_back(std::move(c));
+    }
   // int8 with the rows' maxima given (a split input's combined maxima): larger than the slice's own.
   OpCase c;
   c.name = "linear_int8_given_row_max";
@@ -1068,6 +1092,7 @@ TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
   const WeightMatrix narrow = WeightMatrix::from_f32(2, 6, Values(12, 1.f)), wide = WeightMatrix::from_f32(1, 12, x);
   Values y2(2);
   EXPECT_THROW(cpu.linear(x, 2, {{&narrow, y}, {&wide, y2}}, MatmulPrecision::F32), Error);
+  EXPECT_THROW(cpu.linear_geglu(x, 1, narrow, wide, y, y, y, MatmulPrecision::F32), Error);  // gate and up unlike
 }
 
 // The registry holds every backend to the reference; this holds the reference to what greedy

@@ -171,6 +171,30 @@ void Backend::linear_shared_input_impl(const float* x, int64_t M, const std::vec
   for (const LinearOutput& out : outputs) linear_impl(x, M, *out.W, out.y.data, precision, nullptr);
 }
 
+void Backend::linear_geglu(ConstFloats x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up,
+                           Floats gate, Floats up, Floats out, MatmulPrecision precision) {
+  need_matrix(*this, W_gate, "linear_geglu");
+  need_matrix(*this, W_up, "linear_geglu");
+  if (W_gate.rows != W_up.rows || W_gate.cols != W_up.cols)
+    fail(name(), " backend: linear_geglu over a gate matrix of ", W_gate.rows, "×", W_gate.cols, " and an up matrix of ",
+         W_up.rows, "×", W_up.cols, " (they must be alike)");
+  const int64_t n = M * W_gate.rows;
+  need(*this, x, M * W_gate.cols, "linear_geglu", "x");
+  need(*this, gate, n, "linear_geglu", "gate");
+  need(*this, up, n, "linear_geglu", "up");
+  need(*this, out, n, "linear_geglu", "out");
+  linear_geglu_impl(x.data, M, W_gate, W_up, gate.data, up.data, out.data, precision);
+}
+
+void Backend::linear_geglu_impl(const float* x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up,
+                                float* gate, float* up, float* out, MatmulPrecision precision) {
+  const int64_t n = M * W_gate.rows;
+  const std::vector<LinearOutput> products{{&W_gate, Floats(gate, size_t(n), device())},
+                                           {&W_up, Floats(up, size_t(n), device())}};
+  linear_shared_input_impl(x, M, products, precision);
+  geglu_impl(gate, up, n, out);
+}
+
 void Backend::linear_backward_input(ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
                                     MatmulPrecision precision) {
   need_matrix(*this, W, "linear_backward_input");

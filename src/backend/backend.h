@@ -108,6 +108,12 @@ class Backend : public Allocator {
   // every W_i as wide as x: a GPU reads (and rounds) x once and runs the products of a few rows in
   // one launch.
   void linear(ConstFloats x, int64_t M, const std::vector<LinearOutput>& outputs, MatmulPrecision precision);
+  // out = gelu_tanh(x·W_gateᵀ)·(x·W_upᵀ) [M, rows]: the feed-forward's two products and its GeGLU in
+  // one call, where nothing else reads the products (inference, no LoRA on gate or up). gate and up
+  // are room for the products where they are computed apart (afterwards undefined); out may be gate.
+  // A GPU's few-row products (decode) write only out: one launch instead of two.
+  void linear_geglu(ConstFloats x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up, Floats gate,
+                    Floats up, Floats out, MatmulPrecision precision);
   // dx (+)= dy·W, and dW += dyᵀ·x ([rows, cols]).
   void linear_backward_input(ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
                              MatmulPrecision precision);
@@ -226,6 +232,9 @@ class Backend : public Allocator {
   // By default each product on its own (linear_impl).
   virtual void linear_shared_input_impl(const float* x, int64_t M, const std::vector<LinearOutput>& outputs,
                                         MatmulPrecision precision);
+  // By default linear_shared_input_impl into gate and up, then geglu_impl.
+  virtual void linear_geglu_impl(const float* x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up,
+                                 float* gate, float* up, float* out, MatmulPrecision precision);
   virtual void linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,
                                           bool accumulate, MatmulPrecision precision) = 0;
   // By default each product on its own (linear_backward_input_impl), adding after the first.

@@ -241,11 +241,17 @@ static Branch decoder_block(const Context& ctx, const GemmaModel& model, const D
   buffer(a.gate, M * F);
   buffer(a.up, M * F);
   buffer(a.ffw_projected, M * D);
-  project(ctx, model, layer, a.ffw_normed, M,
-          {{Slot::FfwGating, w.ffw_gating, a.gate}, {Slot::FfwGating2, w.ffw_gating_2, a.up}});
   FloatBuffer& activated = for_backward ? s.activated : a.gate;  // backward needs gate itself
   if (for_backward) buffer(activated, M * F);
-  b.geglu(a.gate, a.up, M * F, activated);
+  const bool adapted = model.low_rank_term(layer, Slot::FfwGating).active() ||
+                       model.low_rank_term(layer, Slot::FfwGating2).active();
+  if (!for_backward && !adapted) {  // nothing else reads gate and up: a GPU decodes this in one launch
+    b.linear_geglu(a.ffw_normed, M, w.ffw_gating, w.ffw_gating_2, a.gate, a.up, activated, ctx.precision);
+  } else {
+    project(ctx, model, layer, a.ffw_normed, M,
+            {{Slot::FfwGating, w.ffw_gating, a.gate}, {Slot::FfwGating2, w.ffw_gating_2, a.up}});
+    b.geglu(a.gate, a.up, M * F, activated);
+  }
   project(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, a.ffw_projected}});
   ctx.tensor_parallel.sum_partials(a.ffw_projected);  // Σ over width
   return branch(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm);

@@ -15,8 +15,10 @@ using cuda::blocks_for;
 using cuda::check_blas;
 using cuda::check_cuda;
 using cuda::check_launch;
+using cuda::geglu_value;
 using cuda::kThreads;
 using cuda::quads;
+using cuda::warp_sum;
 
 CudaBackend::CudaBackend(int gpu) : gpu_(gpu), state_(std::make_unique<CudaState>()) {
   int count = 0;
@@ -381,6 +383,15 @@ __device__ void small_row_sums(const Weight* row, const float* x, int M, int64_t
   }
 }
 
+// This lane's share of product i's row r times each of the M rows of x (sum[m]; warp_sum adds the
+// lanes'). Each kernel adds and writes one m at a time: holding all M totals cost 16 registers a
+// thread (76, not 60), and occupancy.
+__device__ void small_product_row(const SmallProducts& p, int i, int64_t r, const float* x, int M, int64_t cols,
+                                  bool round, float (&sum)[kSmallRows]) {
+  if (p.bf16[i]) small_row_sums(static_cast<const uint16_t*>(p.w[i]) + r * cols, x, M, cols, round, sum);
+  else small_row_sums(static_cast<const float*>(p.w[i]) + r * cols, x, M, cols, round, sum);
+}
+
 __global__ void small_linear_kernel(const float* x, int M, int64_t cols, SmallProducts p, bool round) {
   const int lane = threadIdx.x % 32;
   FOR_EACH_WARP_ITEM(item, p.end[p.count - 1]) {
@@ -388,30 +399,54 @@ __global__ void small_linear_kernel(const float* x, int M, int64_t cols, SmallPr
     while (item >= p.end[i]) ++i;
     const int64_t r = item - (i > 0 ? p.end[i - 1] : 0), rows = p.end[i] - (i > 0 ? p.end[i - 1] : 0);
     float sum[kSmallRows] = {};
-    if (p.bf16[i]) small_row_sums(static_cast<const uint16_t*>(p.w[i]) + r * cols, x, M, cols, round, sum);
-    else small_row_sums(static_cast<const float*>(p.w[i]) + r * cols, x, M, cols, round, sum);
+    small_product_row(p, i, r, x, M, cols, round, sum);
 #pragma unroll
     for (int m = 0; m < kSmallRows; ++m)
       if (m < M) {
-        float total = sum[m];
-        for (int offset = 16; offset > 0; offset /= 2) total += __shfl_xor_sync(0xffffffffu, total, offset);
+        const float total = warp_sum(sum[m]);
         if (lane == m) p.y[i][m * rows + r] = total;
       }
   }
 }
 
+// The same two products (gate, then up: p.w[0] and p.w[1], of `rows` rows each) ending in GeGLU: a
+// warp takes row r of both and writes out[m, r] = geglu_value(gate, up) — the few-row route's sums,
+// then the GeGLU kernel's formula, in one launch.
+__global__ void small_linear_geglu_kernel(const float* x, int M, int64_t cols, SmallProducts p, int64_t rows,
+                                          bool round, float* out) {
+  const int lane = threadIdx.x % 32;
+  FOR_EACH_WARP_ITEM(r, rows) {
+    float gate[kSmallRows] = {}, up[kSmallRows] = {};
+    small_product_row(p, 0, r, x, M, cols, round, gate);
+    small_product_row(p, 1, r, x, M, cols, round, up);
+#pragma unroll
+    for (int m = 0; m < kSmallRows; ++m)
+      if (m < M) {
+        const float g = warp_sum(gate[m]), u = warp_sum(up[m]);
+        if (lane == m) out[m * rows + r] = geglu_value(g, u);
+      }
+  }
+}
+
+// Up to kSmallProducts of `outputs` from `first`, as the few-row kernels take them.
+static SmallProducts small_products(const std::vector<LinearOutput>& outputs, size_t first) {
+  SmallProducts p{};
+  int64_t rows = 0;
+  for (size_t i = first; i < outputs.size() && p.count < kSmallProducts; ++i, ++p.count) {
+    const WeightMatrix& W = *outputs[i].W;
+    p.w[p.count] = W.data;
+    p.bf16[p.count] = W.dtype == DType::BF16;
+    p.y[p.count] = outputs[i].y.data;
+    p.end[p.count] = rows += W.rows;
+  }
+  return p;
+}
+
 static void small_linear(CudaState& s, const float* x, int64_t M, const std::vector<LinearOutput>& outputs,
                          MatmulPrecision precision) {
   for (size_t first = 0; first < outputs.size(); first += kSmallProducts) {
-    SmallProducts p{};
-    int64_t rows = 0;
-    for (size_t i = first; i < outputs.size() && p.count < kSmallProducts; ++i, ++p.count) {
-      const WeightMatrix& W = *outputs[i].W;
-      p.w[p.count] = W.data;
-      p.bf16[p.count] = W.dtype == DType::BF16;
-      p.y[p.count] = outputs[i].y.data;
-      p.end[p.count] = rows += W.rows;
-    }
+    const SmallProducts p = small_products(outputs, first);
+    const int64_t rows = p.end[p.count - 1];
     if (rows == 0) continue;
     small_linear_kernel<<<blocks_for(32 * rows), kThreads, 0, s.stream>>>(
         x, int(M), outputs[first].W->cols, p, precision == MatmulPrecision::BF16);
@@ -474,35 +509,71 @@ void CudaBackend::linear_impl(const float* x, int64_t M, const WeightMatrix& W, 
   linear_shared_input_impl(x, M, {{&W, Floats(y, size_t(M * W.rows), Device::Cuda)}}, precision);
 }
 
+// The products by cuBLAS, the input narrowed once for all of them under BF16 precision.
+static void cublas_linear(CudaState& s, const float* x, int64_t M, const std::vector<LinearOutput>& outputs,
+                          MatmulPrecision precision) {
+  const cudaDataType type = product_type(*outputs[0].W, precision);
+  const void* activations = activation_operand(s, x, M * outputs[0].W->cols, type);
+  for (const LinearOutput& out : outputs) {
+    const WeightMatrix& W = *out.W;
+    gemm(s, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, M, W.cols, weight_operand(s, W, precision), W.cols, activations, W.cols,
+         type, 0.f, out.y.data, W.rows, "linear");
+  }
+}
+
+// The few-row products' route (MESHTUNE_CUDA_LINEAR: auto, kernels or gemm) and the key its timings
+// are kept under.
+static const std::string& forced_linear_route() {
+  static const std::string forced = cuda::forced_route("MESHTUNE_CUDA_LINEAR");
+  return forced;
+}
+static std::string linear_route_key(int64_t M, const std::vector<LinearOutput>& outputs, MatmulPrecision precision) {
+  std::string shape = "linear M=" + std::to_string(M) + " cols=" + std::to_string(outputs[0].W->cols) + " rows";
+  for (const LinearOutput& out : outputs)
+    shape += " " + std::to_string(out.W->rows) + (out.W->dtype == DType::BF16 ? " bf16" : " f32");
+  return shape + (precision == MatmulPrecision::BF16 ? ", bf16 products" : ", f32 products");
+}
+
 // Products of one input: few rows (decode) by small_linear or cuBLAS, whichever the shape's first
-// call measured faster (MESHTUNE_CUDA_LINEAR); more rows by cuBLAS, the input narrowed once for all of
-// them under BF16 precision. int8 weights keep their own kernels.
+// call measured faster; more rows by cuBLAS. int8 weights keep their own kernels.
 void CudaBackend::linear_shared_input_impl(const float* x, int64_t M, const std::vector<LinearOutput>& outputs,
                                            MatmulPrecision precision) {
   if (M == 0 || outputs.empty()) return;
   for (const LinearOutput& out : outputs)
     if (out.W->dtype == DType::I8) return Backend::linear_shared_input_impl(x, M, outputs, precision);
   CudaState& s = *state_;
-  const int64_t cols = outputs[0].W->cols;
   const auto run = [&](bool by_cublas) {
-    if (!by_cublas) return small_linear(s, x, M, outputs, precision);
-    const cudaDataType type = product_type(*outputs[0].W, precision);
-    const void* activations = activation_operand(s, x, M * cols, type);
-    for (const LinearOutput& out : outputs) {
-      const WeightMatrix& W = *out.W;
-      gemm(s, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, M, W.cols, weight_operand(s, W, precision), W.cols,
-           activations, W.cols, type, 0.f, out.y.data, W.rows, "linear");
-    }
+    if (by_cublas) cublas_linear(s, x, M, outputs, precision);
+    else small_linear(s, x, M, outputs, precision);
   };
   if (M > kSmallRows) return run(true);
-  static const std::string forced = cuda::forced_route("MESHTUNE_CUDA_LINEAR");
-  const auto key = [&] {
-    std::string shape = "linear M=" + std::to_string(M) + " cols=" + std::to_string(cols) + " rows";
-    for (const LinearOutput& out : outputs)
-      shape += " " + std::to_string(out.W->rows) + (out.W->dtype == DType::BF16 ? " bf16" : " f32");
-    return shape + (precision == MatmulPrecision::BF16 ? ", bf16 products" : ", f32 products");
+  run(cuda::route_is_second(s, forced_linear_route(), [&] { return linear_route_key(M, outputs, precision); }, run));
+}
+
+// Gate and up ending in GeGLU: of few rows, one launch of small_linear_geglu_kernel (gate and up
+// untouched), or cuBLAS' two products and the GeGLU kernel, timed as a route of its own; more rows
+// (or int8 weights) as every backend does it.
+void CudaBackend::linear_geglu_impl(const float* x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up,
+                                    float* gate, float* up, float* out, MatmulPrecision precision) {
+  if (M > kSmallRows || W_gate.dtype == DType::I8 || W_up.dtype == DType::I8)
+    return Backend::linear_geglu_impl(x, M, W_gate, W_up, gate, up, out, precision);
+  if (M == 0) return;
+  CudaState& s = *state_;
+  const int64_t n = M * W_gate.rows;
+  const std::vector<LinearOutput> outputs{{&W_gate, Floats(gate, size_t(n), Device::Cuda)},
+                                          {&W_up, Floats(up, size_t(n), Device::Cuda)}};
+  const auto run = [&](bool by_cublas) {
+    if (by_cublas) {
+      cublas_linear(s, x, M, outputs, precision);
+      geglu_impl(gate, up, n, out);
+      return;
+    }
+    small_linear_geglu_kernel<<<blocks_for(32 * W_gate.rows), kThreads, 0, s.stream>>>(
+        x, int(M), W_gate.cols, small_products(outputs, 0), W_gate.rows, precision == MatmulPrecision::BF16, out);
+    check_launch("linear_geglu (few rows)");
   };
-  run(cuda::route_is_second(s, forced, key, run));
+  const auto key = [&] { return linear_route_key(M, outputs, precision) + ", then GeGLU"; };
+  run(cuda::route_is_second(s, forced_linear_route(), key, run));
 }
 
 void CudaBackend::linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,

@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
                    const float* x_row_max) override;
   void linear_shared_input_impl(const float* x, int64_t M, const std::vector<LinearOutput>& outputs,
                                 MatmulPrecision precision) override;
+  void linear_geglu_impl(const float* x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up, float* gate,
+                         float* up, float* out, MatmulPrecision precision) override;
   void linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate,
                                   MatmulPrecision precision) override;
   void linear_backward_input_shared_impl(const std::vector<LinearOutputGradient>& gradients, int64_t M, float* dx,

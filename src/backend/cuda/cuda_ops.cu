@@ -22,6 +22,8 @@ using cuda::aligned_to;
 using cuda::blocks_for;
 using cuda::check_cuda;
 using cuda::check_launch;
+using cuda::geglu_value;
+using cuda::gelu_sigmoid;
 using cuda::kThreads;
 using cuda::quads;
 using cuda::warp_sum;
@@ -577,14 +579,9 @@ __global__ void score_softmax_backward_kernel(const float* probs, const uint16_t
 
 // ---- activations ----
 
-// GeGLU in fp32 with the CPU's formula (core/scalar_math.h): double tanh made these kernels
-// compute-bound on an H200 (1.1 ms and 1.9 ms for the 8 × 1024 × 24576 values of the 7B shape, about
-// twice the time of their bytes).
-__device__ float gelu_sigmoid(float u) { return 1.f / (1.f + expf(gelu_sigmoid_exponent(u))); }
-
-// Four values a thread where the arrays are 16-byte aligned (cuda_common.cuh's quads): one value a
-// thread ran at about half the H200's bandwidth (stop 36: 1.1 ms and 1.9 ms, above).
-__device__ float geglu_value(float u, float w) { return u * gelu_sigmoid(u) * w; }
+// GeGLU in fp32 (cuda_common.cuh's geglu_value, the CPU's formula), four values a thread where the
+// arrays are 16-byte aligned (cuda_common.cuh's quads): one value a thread ran at about half the
+// H200's bandwidth (stop 36: 1.1 ms and 1.9 ms).
 __device__ float4 geglu_values(float4 u, float4 w) {
   return {geglu_value(u.x, w.x), geglu_value(u.y, w.y), geglu_value(u.z, w.z), geglu_value(u.w, w.w)};
 }
