@@ -243,7 +243,7 @@ std::vector<OpCase> norm_cases() {
     int64_t rows, dim;
     Dx dx;
   };
-  for (const NormShape& shape : {NormShape{3, 7, Dx::Apart}, {2, 33, Dx::Apart}, {300, 256, Dx::Apart},
+  for (const NormShape& shape : {NormShape{3, 7, Dx::Apart}, {2, 33, Dx::Apart}, {300, 256, Dx::Apart}, {2, 2000, Dx::Apart},
                                  {300, 256, Dx::InPlace}, {3, 7, Dx::Added}, {300, 256, Dx::Added},
                                  {3, 7, Dx::AddedFrozenScale}, {300, 256, Dx::AddedFrozenScale}}) {
     const int64_t rows = shape.rows, dim = shape.dim;  // named variables: lambdas capture them
@@ -277,12 +277,14 @@ std::vector<OpCase> norm_cases() {
     cases.push_back(std::move(c));
   }
   // The residual join and the next norm in one op: x += branch (returned), y = RMSNorm(x); the
-  // `_branch_norm` cases normalize the branch first (Gemma 2/3's post-norm, a fourth input).
+  // `_branch_norm` cases normalize the branch first (Gemma 2/3's post-norm, a fourth input). Few long
+  // rows (2 × 2000, 1 × 2100: decode's) take a GPU's larger blocks.
   struct JoinShape {
     int64_t rows, dim;
     bool branch_norm;
   };
-  for (const JoinShape& shape : {JoinShape{3, 7, false}, {300, 256, false}, {3, 7, true}, {300, 256, true}}) {
+  for (const JoinShape& shape : {JoinShape{3, 7, false}, {300, 256, false}, {3, 7, true}, {300, 256, true},
+                                 {1, 2100, true}}) {
     const int64_t rows = shape.rows, dim = shape.dim;
     const bool branch_norm = shape.branch_norm;
     OpCase c;
@@ -297,7 +299,7 @@ std::vector<OpCase> norm_cases() {
     c.forward = [rows, dim, branch_norm](Backend& b, Inputs& in) {
       FloatBuffer x = put(b, in[0]), y = put(b, zeros(rows * dim));
       FloatBuffer branch_scale = branch_norm ? put(b, in[3]) : FloatBuffer();
-      if (rows == 3) {
+      if (rows < 300) {
         b.add_rmsnorm(x, put(b, in[1]), put(b, in[2]), rows, dim, 1e-6f, y, {}, branch_scale);
         return Inputs{get(b, y), get(b, x)};
       }
