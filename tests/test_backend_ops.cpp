@@ -663,6 +663,40 @@ std::vector<OpCase> data_movement_cases() {
   cache.tolerance = 2e-5;  // as rope's
   cases.push_back(std::move(cache));
 
+  // q, k and v ending in RoPE (linear_rope): few rows (a GPU's one-launch kernel) and more, 4 query
+  // and 2 key heads of 8, bf16 q and k weights beside fp32 (odd M) or bf16 v; with a cache write for
+  // M = 3 (3 rows of 1 token: decode), 8 (2 of 4) and 12 (2 of 6), none for M = 1.
+  for (int64_t M : {1, 3, 8, 12})
+    for (MatmulPrecision precision : {MatmulPrecision::F32, MatmulPrecision::BF16}) {
+      OpCase c;
+      c.name = std::string("linear_rope_") + (precision == MatmulPrecision::BF16 ? "bf16inputs_" : "") +
+               std::to_string(M);
+      const int64_t cols = 40, N = 4, K = 2, H = 8, batch = M == 3 ? 3 : 2, capacity = 9, start = 2;
+      const bool cached = M > 1;
+      c.make_inputs = [=] {
+        return Inputs{random_vector(size_t(M * cols), 30), random_vector(size_t(N * H * cols), 31, 0.3f),
+                      random_vector(size_t(K * H * cols), 32, 0.3f), random_vector(size_t(K * H * cols), 33, 0.3f),
+                      random_vector(size_t(batch * capacity * K * H), 34),
+                      random_vector(size_t(batch * capacity * K * H), 35)};
+      };
+      c.forward = [=](Backend& b, Inputs& in) {
+        const WeightMatrix W_q = b.upload(matrix(N * H, cols, in[1], DType::BF16)),
+                           W_k = b.upload(matrix(K * H, cols, in[2], DType::BF16)),
+                           W_v = b.upload(matrix(K * H, cols, in[3], M % 2 ? DType::F32 : DType::BF16));
+        FloatBuffer q = put(b, zeros(M * N * H)), k = put(b, zeros(M * K * H)), v = put(b, zeros(M * K * H)),
+                    key_cache = put(b, in[4]), value_cache = put(b, in[5]);
+        std::vector<int64_t> positions(static_cast<size_t>(M));
+        for (int64_t m = 0; m < M; ++m) positions[size_t(m)] = start + m % (M / (cached ? batch : 1)) + 7 * (M == 1);
+        const Buffer<int64_t> device_positions = put(b, positions);
+        const CacheWrite into{v, batch, capacity, start, key_cache, value_cache};
+        b.linear_rope(put(b, in[0]), M, W_q, W_k, W_v, q, k, v,
+                      {N, K, H, device_positions, 10000.f, 2.f, 0.35f, cached ? &into : nullptr}, precision);
+        return Inputs{get(b, q), get(b, k), get(b, v), get(b, key_cache), get(b, value_cache)};
+      };
+      c.tolerance = precision == MatmulPrecision::BF16 ? 1e-4 : 2e-5;  // 2e-5: as rope's
+      cases.push_back(std::move(c));
+    }
+
   OpCase rows;
   rows.name = "gather_scatter_interleave";
   rows.make_inputs = [] { return Inputs{random_vector(6 * 4, 22), random_vector(3 * 5 * 2, 23)}; };
@@ -1095,6 +1129,18 @@ TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
   Values y2(2);
   EXPECT_THROW(cpu.linear(x, 2, {{&narrow, y}, {&wide, y2}}, MatmulPrecision::F32), Error);
   EXPECT_THROW(cpu.linear_geglu(x, 1, narrow, wide, y, y, y, MatmulPrecision::F32), Error);  // gate and up unlike
+  // linear_rope: matrices of the heads' rows, a cache write of v's values.
+  const WeightMatrix heads = WeightMatrix::from_f32(4, 3, Values(12, 1.f));  // 1 head of 4 over 3 columns
+  Values rows(8), key_rows(8), value_rows(8);
+  const RopeStep step{1, 1, 4, positions, 1e4f, 1.f, 1.f};
+  EXPECT_NO_THROW(cpu.linear_rope(x, 2, heads, heads, heads, rows, key_rows, value_rows, step, MatmulPrecision::F32));
+  EXPECT_THROW(cpu.linear_rope(x, 2, heads, narrow, heads, rows, key_rows, value_rows, step, MatmulPrecision::F32),
+               Error);  // k of 2 rows, not 4
+  const CacheWrite elsewhere{v, 2, 3, 2, key_cache, value_cache};
+  RopeStep into_cache = step;
+  into_cache.cache = &elsewhere;
+  EXPECT_THROW(cpu.linear_rope(x, 2, heads, heads, heads, rows, key_rows, value_rows, into_cache,
+                               MatmulPrecision::F32), Error);  // the cache's values are not v
 }
 
 // The registry holds every backend to the reference; this holds the reference to what greedy

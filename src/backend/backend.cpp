@@ -144,6 +144,21 @@ WeightVector Backend::upload(const WeightVector& v) {
   return WeightVector(std::move(stored));
 }
 
+// RoPE's operands other than q and k: the positions of `tokens`, and the cache write inside its cache.
+static void need_rope_operands(const Backend& b, int64_t tokens, int64_t k_heads, int64_t head_dim,
+                               Span<const int64_t> positions, const CacheWrite* cache, const char* op) {
+  need(b, positions, tokens, op, "positions");
+  if (!cache) return;
+  const int64_t B = cache->batch, width = k_heads * head_dim;
+  if (B <= 0 || tokens % B != 0) fail(b.name(), " backend: ", op, "'s cache write of ", tokens, " tokens in ", B, " rows");
+  const int64_t T = tokens / B;
+  if (cache->start < 0 || cache->start + T > cache->capacity) fail(b.name(), " backend: ", op, "'s cache write at ",
+        cache->start, "…", cache->start + T, " past the cache's ", cache->capacity, " positions");
+  need(b, cache->values, tokens * width, op, "values");
+  need(b, cache->key_cache, B * cache->capacity * width, op, "key_cache");
+  need(b, cache->value_cache, B * cache->capacity * width, op, "value_cache");
+}
+
 void Backend::linear(ConstFloats x, int64_t M, const WeightMatrix& W, Floats y, MatmulPrecision precision,
                      ConstFloats x_row_max) {
   need_matrix(*this, W, "linear");
@@ -193,6 +208,39 @@ void Backend::linear_geglu_impl(const float* x, int64_t M, const WeightMatrix& W
                                            {&W_up, Floats(up, size_t(n), device())}};
   linear_shared_input_impl(x, M, products, precision);
   geglu_impl(gate, up, n, out);
+}
+
+void Backend::linear_rope(ConstFloats x, int64_t M, const WeightMatrix& W_q, const WeightMatrix& W_k,
+                          const WeightMatrix& W_v, Floats q, Floats k, Floats v, const RopeStep& rope,
+                          MatmulPrecision precision) {
+  const int64_t H = rope.head_dim;
+  const struct {
+    const WeightMatrix& W;
+    Floats y;
+    int64_t rows;
+    const char* name;
+  } products[3] = {{W_q, q, rope.q_heads * H, "q"}, {W_k, k, rope.k_heads * H, "k"}, {W_v, v, rope.k_heads * H, "v"}};
+  for (const auto& p : products) {
+    need_matrix(*this, p.W, "linear_rope");
+    if (p.W.rows != p.rows || p.W.cols != W_q.cols)
+      fail(name(), " backend: linear_rope's ", p.name, " matrix is ", p.W.rows, "×", p.W.cols, ", not ", p.rows, "×",
+           W_q.cols, " (heads of ", H, ", the input's width)");
+    need(*this, p.y, M * p.rows, "linear_rope", p.name);
+  }
+  if (rope.cache && rope.cache->values.data != v.data)
+    fail(name(), " backend: linear_rope's cache write must take its values from v");
+  need(*this, x, M * W_q.cols, "linear_rope", "x");
+  need_rope_operands(*this, M, rope.k_heads, H, rope.positions, rope.cache, "linear_rope");
+  linear_rope_impl(x.data, M, W_q, W_k, W_v, q.data, k.data, v.data, rope, precision);
+}
+
+void Backend::linear_rope_impl(const float* x, int64_t M, const WeightMatrix& W_q, const WeightMatrix& W_k,
+                               const WeightMatrix& W_v, float* q, float* k, float* v, const RopeStep& rope,
+                               MatmulPrecision precision) {
+  const auto out = [&](float* y, const WeightMatrix& W) { return Floats(y, size_t(M * W.rows), device()); };
+  linear_shared_input_impl(x, M, {{&W_q, out(q, W_q)}, {&W_k, out(k, W_k)}, {&W_v, out(v, W_v)}}, precision);
+  rope_impl(q, rope.q_heads, k, rope.k_heads, M, rope.head_dim, rope.positions.data, rope.base, rope.scaling,
+            rope.q_scale, rope.cache);
 }
 
 void Backend::linear_backward_input(ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
@@ -304,17 +352,7 @@ void Backend::rope(Floats q, int64_t q_heads, Floats k, int64_t k_heads, int64_t
                    Span<const int64_t> positions, float base, float scaling, float q_scale, const CacheWrite* cache) {
   need(*this, q, tokens * q_heads * head_dim, "rope", "q");
   need(*this, k, tokens * k_heads * head_dim, "rope", "k");
-  need(*this, positions, tokens, "rope", "positions");
-  if (cache) {
-    const int64_t B = cache->batch, width = k_heads * head_dim;
-    if (B <= 0 || tokens % B != 0) fail(name(), " backend: rope's cache write of ", tokens, " tokens in ", B, " rows");
-    const int64_t T = tokens / B;
-    if (cache->start < 0 || cache->start + T > cache->capacity) fail(name(), " backend: rope's cache write at ",
-          cache->start, "…", cache->start + T, " past the cache's ", cache->capacity, " positions");
-    need(*this, cache->values, tokens * width, "rope", "values");
-    need(*this, cache->key_cache, B * cache->capacity * width, "rope", "key_cache");
-    need(*this, cache->value_cache, B * cache->capacity * width, "rope", "value_cache");
-  }
+  need_rope_operands(*this, tokens, k_heads, head_dim, positions, cache, "rope");
   rope_impl(q.data, q_heads, k.data, k_heads, tokens, head_dim, positions.data, base, scaling, q_scale, cache);
 }
 

@@ -44,6 +44,16 @@ struct CacheWrite {
   Floats key_cache, value_cache;
 };
 
+// RoPE as Backend::rope takes it, for the products that end in it (Backend::linear_rope): the query
+// and key heads of head_dim, each token's position, the frequencies' base and scaling, the query
+// scale, and the cache write (or none).
+struct RopeStep {
+  int64_t q_heads = 0, k_heads = 0, head_dim = 0;
+  Span<const int64_t> positions;
+  float base = 10000, scaling = 1, q_scale = 1;
+  const CacheWrite* cache = nullptr;
+};
+
 // One variable of an optimizer step over many: its value, gradient and AdamW slots (n values each),
 // and whether weight decay applies to it.
 struct AdamWVariable {
@@ -114,6 +124,11 @@ class Backend : public Allocator {
   // A GPU's few-row products (decode) write only out: one launch instead of two.
   void linear_geglu(ConstFloats x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up, Floats gate,
                     Floats up, Floats out, MatmulPrecision precision);
+  // q, k, v = x·W_qᵀ, x·W_kᵀ, x·W_vᵀ, then RoPE of q and k (and the cache write) as rope() does it:
+  // attention's projections and RoPE in one call, where nothing else reads the products before RoPE
+  // (no LoRA on them, no q/k norm). A GPU's few-row products (decode) do it all in one launch.
+  void linear_rope(ConstFloats x, int64_t M, const WeightMatrix& W_q, const WeightMatrix& W_k, const WeightMatrix& W_v,
+                   Floats q, Floats k, Floats v, const RopeStep& rope, MatmulPrecision precision);
   // dx (+)= dy·W, and dW += dyᵀ·x ([rows, cols]).
   void linear_backward_input(ConstFloats dy, int64_t M, const WeightMatrix& W, Floats dx, bool accumulate,
                              MatmulPrecision precision);
@@ -235,6 +250,10 @@ class Backend : public Allocator {
   // By default linear_shared_input_impl into gate and up, then geglu_impl.
   virtual void linear_geglu_impl(const float* x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up,
                                  float* gate, float* up, float* out, MatmulPrecision precision);
+  // By default linear_shared_input_impl, then rope_impl.
+  virtual void linear_rope_impl(const float* x, int64_t M, const WeightMatrix& W_q, const WeightMatrix& W_k,
+                                const WeightMatrix& W_v, float* q, float* k, float* v, const RopeStep& rope,
+                                MatmulPrecision precision);
   virtual void linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx,
                                           bool accumulate, MatmulPrecision precision) = 0;
   // By default each product on its own (linear_backward_input_impl), adding after the first.

@@ -203,17 +203,6 @@ static Branch decoder_block(const Context& ctx, const GemmaModel& model, const D
   if (for_backward) buffer(a.input, M * D), buffer(a.mid, M * D);
   const auto kept = [&](FloatBuffer& v) { return for_backward ? Floats(v) : Floats(); };
   join_and_norm(b, x, pending, w.pre_attention_norm, M, D, eps, a.attn_normed, kept(a.input));
-  // Gemma 3 normalizes q and k per head before RoPE: its projections go to q_raw / k_raw first.
-  const bool qk_norm = c.use_query_key_norm;
-  if (qk_norm) buffer(a.q_raw, M * N * H), buffer(a.k_raw, M * K * H);
-  project(ctx, model, layer, a.attn_normed, M,
-          {{Slot::Query, w.query, qk_norm ? a.q_raw : a.q},
-           {Slot::Key, w.key, qk_norm ? a.k_raw : a.k},
-           {Slot::Value, w.value, a.v}});
-  if (qk_norm) {
-    b.rmsnorm(a.q_raw, w.query_norm, M * N, H, eps, a.q);
-    b.rmsnorm(a.k_raw, w.key_norm, M * K, H, eps, a.k);
-  }
   // RoPE also writes this step's keys/values into the cache at [b, start + t]; a cache of one pass
   // keeps none, and attention reads the step's own ([B, T = S, K·H], the cache's layout).
   ConstFloats keys = a.k, values = a.v;
@@ -225,7 +214,25 @@ static Branch decoder_block(const Context& ctx, const GemmaModel& model, const D
     cache_write = &into_cache;
     keys = cache_k, values = cache_v;
   }
-  b.rope(a.q, N, a.k, K, M, H, positions, c.rope_base(layer), c.rope_scaling(layer), c.query_scale(), cache_write);
+  const RopeStep rope{N, K, H, positions, c.rope_base(layer), c.rope_scaling(layer), c.query_scale(), cache_write};
+  const bool qk_norm = c.use_query_key_norm;
+  const bool qkv_adapted = model.low_rank_term(layer, Slot::Query).active() ||
+                           model.low_rank_term(layer, Slot::Key).active() ||
+                           model.low_rank_term(layer, Slot::Value).active();
+  if (!qk_norm && !qkv_adapted) {  // nothing reads q and k before RoPE: a GPU decodes this in one launch
+    b.linear_rope(a.attn_normed, M, w.query, w.key, w.value, a.q, a.k, a.v, rope, ctx.precision);
+  } else {  // Gemma 3 normalizes q and k per head before RoPE: its projections go to q_raw / k_raw first
+    if (qk_norm) buffer(a.q_raw, M * N * H), buffer(a.k_raw, M * K * H);
+    project(ctx, model, layer, a.attn_normed, M,
+            {{Slot::Query, w.query, qk_norm ? a.q_raw : a.q},
+             {Slot::Key, w.key, qk_norm ? a.k_raw : a.k},
+             {Slot::Value, w.value, a.v}});
+    if (qk_norm) {
+      b.rmsnorm(a.q_raw, w.query_norm, M * N, H, eps, a.q);
+      b.rmsnorm(a.k_raw, w.key_norm, M * K, H, eps, a.k);
+    }
+    b.rope(a.q, N, a.k, K, M, H, positions, rope.base, rope.scaling, rope.q_scale, cache_write);
+  }
 
   buffer(a.attended, M * N * H);
   buffer(a.attn_projected, M * D);
@@ -243,9 +250,9 @@ static Branch decoder_block(const Context& ctx, const GemmaModel& model, const D
   buffer(a.ffw_projected, M * D);
   FloatBuffer& activated = for_backward ? s.activated : a.gate;  // backward needs gate itself
   if (for_backward) buffer(activated, M * F);
-  const bool adapted = model.low_rank_term(layer, Slot::FfwGating).active() ||
-                       model.low_rank_term(layer, Slot::FfwGating2).active();
-  if (!for_backward && !adapted) {  // nothing else reads gate and up: a GPU decodes this in one launch
+  const bool ffw_adapted = model.low_rank_term(layer, Slot::FfwGating).active() ||
+                           model.low_rank_term(layer, Slot::FfwGating2).active();
+  if (!for_backward && !ffw_adapted) {  // nothing else reads gate and up: a GPU decodes this in one launch
     b.linear_geglu(a.ffw_normed, M, w.ffw_gating, w.ffw_gating_2, a.gate, a.up, activated, ctx.precision);
   } else {
     project(ctx, model, layer, a.ffw_normed, M,

@@ -18,6 +18,9 @@ using cuda::check_launch;
 using cuda::geglu_value;
 using cuda::kThreads;
 using cuda::quads;
+using cuda::rope_pair;
+using cuda::RopeCacheRows;
+using cuda::RopePair;
 using cuda::warp_sum;
 
 CudaBackend::CudaBackend(int gpu) : gpu_(gpu), state_(std::make_unique<CudaState>()) {
@@ -432,6 +435,60 @@ __global__ void small_linear_geglu_kernel(const float* x, int M, int64_t cols, S
   }
 }
 
+// q, k and v (p.w[0], p.w[1], p.w[2]) ending in RoPE and, with a cache, its write
+// (Backend::linear_rope): a warp takes a pair of rows (i, i + half) of a query or key head — the
+// few-row route's sums, then rope_pair and the query scale as the RoPE kernel applies them — or a
+// row of v. 82 registers (3 blocks of 256 a multiprocessor, 24 warps with 2 KB each in flight);
+// __launch_bounds__ for 4 blocks spilled.
+struct RopeRows {
+  int64_t q_heads, k_heads, head_dim;
+  const int64_t* positions;
+  float base, scaling, q_scale;
+  RopeCacheRows cache;  // values: not read (v's rows go to the cache as they are made); null: no cache
+};
+__global__ void small_linear_rope_kernel(const float* x, int M, int64_t cols, SmallProducts p, RopeRows r,
+                                         bool round) {
+  const int lane = threadIdx.x % 32;
+  const int64_t H = r.head_dim, half = H / 2, q_pairs = r.q_heads * half, k_pairs = r.k_heads * half;
+  FOR_EACH_WARP_ITEM(item, q_pairs + k_pairs + r.k_heads * H) {
+    if (item >= q_pairs + k_pairs) {  // a row of v
+      const int64_t row = item - q_pairs - k_pairs;
+      float sum[kSmallRows] = {};
+      small_product_row(p, 2, row, x, M, cols, round, sum);
+#pragma unroll
+      for (int m = 0; m < kSmallRows; ++m)
+        if (m < M) {
+          const float total = warp_sum(sum[m]);
+          if (lane != m) continue;
+          p.y[2][m * r.k_heads * H + row] = total;
+          if (r.cache.values) r.cache.row(r.cache.value_cache, m, row / H, r.k_heads, H)[row % H] = total;
+        }
+      continue;
+    }
+    const bool of_q = item < q_pairs;
+    const int product = of_q ? 0 : 1;
+    const int64_t pair = of_q ? item : item - q_pairs, head = pair / half, i = pair % half;
+    const int64_t width = (of_q ? r.q_heads : r.k_heads) * H;
+    float first[kSmallRows] = {}, second[kSmallRows] = {};
+    small_product_row(p, product, head * H + i, x, M, cols, round, first);
+    small_product_row(p, product, head * H + i + half, x, M, cols, round, second);
+#pragma unroll
+    for (int m = 0; m < kSmallRows; ++m)
+      if (m < M) {
+        const float x1 = warp_sum(first[m]), x2 = warp_sum(second[m]);
+        if (lane != m) continue;
+        RopePair y = rope_pair(x1, x2, float(r.positions[m]), i, H, r.base, r.scaling, false);
+        if (of_q) y.first *= r.q_scale, y.second *= r.q_scale;
+        float* out = p.y[product] + m * width + head * H;
+        out[i] = y.first, out[i + half] = y.second;
+        if (!of_q && r.cache.values) {
+          float* cached = r.cache.row(r.cache.key_cache, m, head, r.k_heads, H);
+          cached[i] = y.first, cached[i + half] = y.second;
+        }
+      }
+  }
+}
+
 // Up to kSmallProducts of `outputs` from `first`, as the few-row kernels take them.
 static SmallProducts small_products(const std::vector<LinearOutput>& outputs, size_t first) {
   SmallProducts p{};
@@ -577,6 +634,39 @@ void CudaBackend::linear_geglu_impl(const float* x, int64_t M, const WeightMatri
     check_launch("linear_geglu (few rows)");
   };
   const auto key = [&] { return linear_route_key(M, outputs, precision) + ", then GeGLU"; };
+  run(cuda::route_is_second(s, forced_linear_route(), key, run));
+}
+
+// q, k and v ending in RoPE: of few rows, one launch of small_linear_rope_kernel, or cuBLAS' three
+// products and the RoPE kernel, timed as a route of its own; more rows (or int8 weights) as every
+// backend does it.
+void CudaBackend::linear_rope_impl(const float* x, int64_t M, const WeightMatrix& W_q, const WeightMatrix& W_k,
+                                   const WeightMatrix& W_v, float* q, float* k, float* v, const RopeStep& rope,
+                                   MatmulPrecision precision) {
+  const bool int8 = W_q.dtype == DType::I8 || W_k.dtype == DType::I8 || W_v.dtype == DType::I8;
+  if (M > kSmallRows || int8 || rope.head_dim % 2 != 0)
+    return Backend::linear_rope_impl(x, M, W_q, W_k, W_v, q, k, v, rope, precision);
+  if (M == 0) return;
+  CudaState& s = *state_;
+  const auto out = [&](float* y, const WeightMatrix& W) { return Floats(y, size_t(M * W.rows), Device::Cuda); };
+  const std::vector<LinearOutput> outputs{{&W_q, out(q, W_q)}, {&W_k, out(k, W_k)}, {&W_v, out(v, W_v)}};
+  const auto run = [&](bool by_cublas) {
+    if (by_cublas) {
+      cublas_linear(s, x, M, outputs, precision);
+      rope_impl(q, rope.q_heads, k, rope.k_heads, M, rope.head_dim, rope.positions.data, rope.base, rope.scaling,
+                rope.q_scale, rope.cache);
+      return;
+    }
+    RopeRows rows{rope.q_heads, rope.k_heads, rope.head_dim, rope.positions.data, rope.base, rope.scaling,
+                  rope.q_scale, {}};
+    if (const CacheWrite* c = rope.cache)
+      rows.cache = {c->values.data, M / c->batch, c->capacity, c->start, c->key_cache.data, c->value_cache.data};
+    const int64_t items = (rope.q_heads + rope.k_heads) * (rope.head_dim / 2) + rope.k_heads * rope.head_dim;
+    small_linear_rope_kernel<<<blocks_for(32 * items), kThreads, 0, s.stream>>>(
+        x, int(M), W_q.cols, small_products(outputs, 0), rows, precision == MatmulPrecision::BF16);
+    check_launch("linear_rope (few rows)");
+  };
+  const auto key = [&] { return linear_route_key(M, outputs, precision) + ", then RoPE"; };
   run(cuda::route_is_second(s, forced_linear_route(), key, run));
 }
 

@@ -45,6 +45,9 @@ class CudaBackend final : public Backend {
                                 MatmulPrecision precision) override;
   void linear_geglu_impl(const float* x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up, float* gate,
                          float* up, float* out, MatmulPrecision precision) override;
+  void linear_rope_impl(const float* x, int64_t M, const WeightMatrix& W_q, const WeightMatrix& W_k,
+                        const WeightMatrix& W_v, float* q, float* k, float* v, const RopeStep& rope,
+                        MatmulPrecision precision) override;
   void linear_backward_input_impl(const float* dy, int64_t M, const WeightMatrix& W, float* dx, bool accumulate,
                                   MatmulPrecision precision) override;
   void linear_backward_input_shared_impl(const std::vector<LinearOutputGradient>& gradients, int64_t M, float* dx,

@@ -124,6 +124,29 @@ __device__ inline bool aligned_to(const void* p, uintptr_t bytes) {
 __device__ inline float gelu_sigmoid(float u) { return 1.f / (1.f + expf(gelu_sigmoid_exponent(u))); }
 __device__ inline float geglu_value(float u, float w) { return u * gelu_sigmoid(u) * w; }
 
+// RoPE of one pair (x1, x2) = (row[i], row[i + half]) at `position`: the rotation by position·θ_i,
+// θ_i the inverse frequency (core/scalar_math.h), or its inverse (backward). The RoPE kernel and the
+// few-row q/k products that end in RoPE share it, so both round alike.
+struct RopePair {
+  float first, second;
+};
+__device__ inline RopePair rope_pair(float x1, float x2, float position, int64_t i, int64_t head_dim, float base,
+                                     float scaling, bool inverse) {
+  const float angle = position * rope_inverse_frequency(i, head_dim, base, scaling);
+  const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
+  return {x1 * c - x2 * s, x2 * c + x1 * s};
+}
+// Where RoPE writes a decoding step's keys and values (Backend's CacheWrite as the kernels take it):
+// token m = b·T + t, key head h go to cache row b·capacity + start + t.
+struct RopeCacheRows {
+  const float* values = nullptr;  // null: no cache
+  int64_t T = 0, capacity = 0, start = 0;
+  float *key_cache = nullptr, *value_cache = nullptr;
+  __device__ float* row(float* into, int64_t m, int64_t h, int64_t k_heads, int64_t head_dim) const {
+    return into + (((m / T) * capacity + start + m % T) * k_heads + h) * head_dim;
+  }
+};
+
 // The ops over many arrays (a step's finiteness check and AdamW update, a block's bf16 activations)
 // hand the arrays' pointers to a kernel as a parameter, `per_launch` at a time: launch(first, count,
 // grid) for each group of `items`, grid = (blocks for the group's largest size(i), at most

@@ -26,6 +26,9 @@ using cuda::geglu_value;
 using cuda::gelu_sigmoid;
 using cuda::kThreads;
 using cuda::quads;
+using cuda::rope_pair;
+using cuda::RopeCacheRows;
+using cuda::RopePair;
 using cuda::warp_sum;
 using cuda::block_sum;
 
@@ -131,26 +134,15 @@ __global__ void rmsnorm_scale_grad_kernel(const float* x, const float* dy, const
 // it (backward, the inverse rotation), each a rounding of its own, as two separate ops round. With a
 // cache (forward), the rotated key rows go into the key cache too, and a third run of rows copies the
 // values into theirs: token m = b·T + t, head h to cache row b·capacity + start + t.
-struct RopeCacheRows {
-  const float* values = nullptr;  // null: no cache
-  int64_t T = 0, capacity = 0, start = 0;
-  float *key_cache = nullptr, *value_cache = nullptr;
-};
-
 __global__ void rope_kernel(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
                             const int64_t* positions, float base, float scaling, float q_scale, bool inverse,
                             RopeCacheRows cache) {
   const int64_t half = head_dim / 2, q_rows = tokens * q_heads, k_rows = tokens * k_heads;
   const int64_t rows = q_rows + (cache.values ? 2 : 1) * k_rows;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    // In the cache: a key or value row r (token r / k_heads, head r % k_heads).
-    auto cache_row = [&](float* into, int64_t r) {
-      const int64_t m = r / k_heads;
-      return into + (((m / cache.T) * cache.capacity + cache.start + m % cache.T) * k_heads + r % k_heads) * head_dim;
-    };
     if (row >= q_rows + k_rows) {  // a value row, copied
       const int64_t r = row - q_rows - k_rows;
-      float* into = cache_row(cache.value_cache, r);
+      float* into = cache.row(cache.value_cache, r / k_heads, r % k_heads, k_heads, head_dim);
       for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) into[i] = cache.values[r * head_dim + i];
       continue;
     }
@@ -158,17 +150,16 @@ __global__ void rope_kernel(float* q, int64_t q_heads, float* k, int64_t k_heads
     const int64_t heads = of_q ? q_heads : k_heads, r = of_q ? row : row - q_rows;
     const float position = float(positions[r / heads]);
     float* v = (of_q ? q : k) + r * head_dim;
-    float* cached = !of_q && cache.values ? cache_row(cache.key_cache, r) : nullptr;
+    float* cached = !of_q && cache.values ? cache.row(cache.key_cache, r / k_heads, r % k_heads, k_heads, head_dim)
+                                          : nullptr;
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      const float angle = position * rope_inverse_frequency(i, head_dim, base, scaling);
-      const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
       float x1 = v[i], x2 = v[i + half];
       if (of_q && inverse) x1 *= q_scale, x2 *= q_scale;
-      float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-      if (of_q && !inverse) y1 *= q_scale, y2 *= q_scale;
-      v[i] = y1;
-      v[i + half] = y2;
-      if (cached) cached[i] = y1, cached[i + half] = y2;
+      RopePair y = rope_pair(x1, x2, position, i, head_dim, base, scaling, inverse);
+      if (of_q && !inverse) y.first *= q_scale, y.second *= q_scale;
+      v[i] = y.first;
+      v[i + half] = y.second;
+      if (cached) cached[i] = y.first, cached[i + half] = y.second;
     }
   }
 }
