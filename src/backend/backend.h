@@ -124,7 +124,8 @@ class Backend : public Allocator {
   // A GPU's few-row products (decode) write only out: one launch instead of two.
   void linear_geglu(ConstFloats x, int64_t M, const WeightMatrix& W_gate, const WeightMatrix& W_up, Floats gate,
                     Floats up, Floats out, MatmulPrecision precision);
-  // q, k, v = x·W_qᵀ, x·W_kᵀ, x·W_vᵀ, then RoPE of q and k (and the cache write) as rope() does it:
+  // q, k, v = x·W_qᵀ, x·W_kᵀ, x·W_vᵀ, then RoPE of q and k (and the cache write, whose values must be
+  // v) as rope() does it:
   // attention's projections and RoPE in one call, where nothing else reads the products before RoPE
   // (no LoRA on them, no q/k norm). A GPU's few-row products (decode) do it all in one launch.
   void linear_rope(ConstFloats x, int64_t M, const WeightMatrix& W_q, const WeightMatrix& W_k, const WeightMatrix& W_v,
