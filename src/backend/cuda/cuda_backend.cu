@@ -477,8 +477,8 @@ __global__ void small_linear_rope_kernel(const float* x, int M, int64_t cols, Sm
       if (m < M) {
         const float x1 = warp_sum(first[m]), x2 = warp_sum(second[m]);
         if (lane != m) continue;
-        RopePair y = rope_pair(x1, x2, float(r.positions[m]), i, H, r.base, r.scaling, false);
-        if (of_q) y.first *= r.q_scale, y.second *= r.q_scale;
+        const RopePair y = rope_pair(x1, x2, float(r.positions[m]), i, H, r.base, r.scaling, of_q ? r.q_scale : 1.f,
+                                     false);
         float* out = p.y[product] + m * width + head * H;
         out[i] = y.first, out[i + half] = y.second;
         if (!of_q && r.cache.values) {
@@ -657,10 +657,8 @@ void CudaBackend::linear_rope_impl(const float* x, int64_t M, const WeightMatrix
                 rope.q_scale, rope.cache);
       return;
     }
-    RopeRows rows{rope.q_heads, rope.k_heads, rope.head_dim, rope.positions.data, rope.base, rope.scaling,
-                  rope.q_scale, {}};
-    if (const CacheWrite* c = rope.cache)
-      rows.cache = {c->values.data, M / c->batch, c->capacity, c->start, c->key_cache.data, c->value_cache.data};
+    const RopeRows rows{rope.q_heads, rope.k_heads, rope.head_dim, rope.positions.data, rope.base,
+                        rope.scaling, rope.q_scale, RopeCacheRows(rope.cache, M)};
     const int64_t items = (rope.q_heads + rope.k_heads) * (rope.head_dim / 2) + rope.k_heads * rope.head_dim;
     small_linear_rope_kernel<<<blocks_for(32 * items), kThreads, 0, s.stream>>>(
         x, int(M), W_q.cols, small_products(outputs, 0), rows, precision == MatmulPrecision::BF16);

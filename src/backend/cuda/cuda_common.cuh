@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/scalar_math.h"
@@ -80,11 +81,8 @@ __device__ inline double block_sum(double value) {
 }
 
 // The sum of `value` over the warp (every lane gets it).
-__device__ inline float warp_sum(float value) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
-__device__ inline double warp_sum(double value) {
+template <class Number>  // float or double
+__device__ inline Number warp_sum(Number value) {
   for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
   return value;
 }
@@ -125,23 +123,33 @@ __device__ inline float gelu_sigmoid(float u) { return 1.f / (1.f + expf(gelu_si
 __device__ inline float geglu_value(float u, float w) { return u * gelu_sigmoid(u) * w; }
 
 // RoPE of one pair (x1, x2) = (row[i], row[i + half]) at `position`: the rotation by position·θ_i,
-// θ_i the inverse frequency (core/scalar_math.h), or its inverse (backward). The RoPE kernel and the
-// few-row q/k products that end in RoPE share it, so both round alike.
+// θ_i the inverse frequency (core/scalar_math.h), then ·scale (q_scale for a query, 1 — exact — for a
+// key); or backward, ·scale first, then the inverse rotation: each a rounding of its own, as two
+// separate ops round. The RoPE kernel and the few-row q/k products that end in RoPE share it.
 struct RopePair {
   float first, second;
 };
 __device__ inline RopePair rope_pair(float x1, float x2, float position, int64_t i, int64_t head_dim, float base,
-                                     float scaling, bool inverse) {
+                                     float scaling, float scale, bool inverse) {
   const float angle = position * rope_inverse_frequency(i, head_dim, base, scaling);
   const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
-  return {x1 * c - x2 * s, x2 * c + x1 * s};
+  if (inverse) x1 *= scale, x2 *= scale;
+  RopePair y{x1 * c - x2 * s, x2 * c + x1 * s};
+  if (!inverse) y.first *= scale, y.second *= scale;
+  return y;
 }
-// Where RoPE writes a decoding step's keys and values (Backend's CacheWrite as the kernels take it):
-// token m = b·T + t, key head h go to cache row b·capacity + start + t.
+// Where RoPE writes a decoding step's keys and values (Backend's CacheWrite of `tokens` as the kernels
+// take it; none for null): token m = b·T + t, key head h go to cache row b·capacity + start + t.
 struct RopeCacheRows {
   const float* values = nullptr;  // null: no cache
   int64_t T = 0, capacity = 0, start = 0;
   float *key_cache = nullptr, *value_cache = nullptr;
+  RopeCacheRows() = default;
+  RopeCacheRows(const CacheWrite* c, int64_t tokens) {
+    if (!c) return;
+    values = c->values.data, T = tokens / c->batch, capacity = c->capacity, start = c->start;
+    key_cache = c->key_cache.data, value_cache = c->value_cache.data;
+  }
   __device__ float* row(float* into, int64_t m, int64_t h, int64_t k_heads, int64_t head_dim) const {
     return into + (((m / T) * capacity + start + m % T) * k_heads + h) * head_dim;
   }

@@ -153,10 +153,8 @@ __global__ void rope_kernel(float* q, int64_t q_heads, float* k, int64_t k_heads
     float* cached = !of_q && cache.values ? cache.row(cache.key_cache, r / k_heads, r % k_heads, k_heads, head_dim)
                                           : nullptr;
     for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-      float x1 = v[i], x2 = v[i + half];
-      if (of_q && inverse) x1 *= q_scale, x2 *= q_scale;
-      RopePair y = rope_pair(x1, x2, position, i, head_dim, base, scaling, inverse);
-      if (of_q && !inverse) y.first *= q_scale, y.second *= q_scale;
+      const RopePair y = rope_pair(v[i], v[i + half], position, i, head_dim, base, scaling, of_q ? q_scale : 1.f,
+                                   inverse);
       v[i] = y.first;
       v[i + half] = y.second;
       if (cached) cached[i] = y.first, cached[i + half] = y.second;
@@ -939,11 +937,8 @@ void CudaBackend::rmsnorm_backward_impl(const float* x, const float* scale, int6
 void CudaBackend::rope_impl(float* q, int64_t q_heads, float* k, int64_t k_heads, int64_t tokens, int64_t head_dim,
                             const int64_t* positions, float base, float scaling, float q_scale,
                             const CacheWrite* cache) {
-  RopeCacheRows rows;
-  if (cache)
-    rows = {cache->values.data, tokens / cache->batch, cache->capacity, cache->start, cache->key_cache.data,
-            cache->value_cache.data};
-  launch_rope(*state_, q, q_heads, k, k_heads, tokens, head_dim, positions, base, scaling, q_scale, false, rows);
+  launch_rope(*state_, q, q_heads, k, k_heads, tokens, head_dim, positions, base, scaling, q_scale, false,
+              RopeCacheRows(cache, tokens));
 }
 
 void CudaBackend::rope_backward_impl(float* dq, int64_t q_heads, float* dk, int64_t k_heads, int64_t tokens,
