@@ -68,6 +68,20 @@ Values get(Backend& b, const FloatBuffer& d) {
   return host;
 }
 
+// bf16 operands: fp32 values narrowed on the backend, and brought back widened.
+Buffer<uint16_t> put_bf16(Backend& b, const Values& host) {
+  const FloatBuffer wide = put(b, host);
+  Buffer<uint16_t> narrow;
+  b.resize(narrow, host.size());
+  b.narrow_to_bf16(wide, int64_t(host.size()), narrow);
+  return narrow;
+}
+Values get_bf16(Backend& b, Span<const uint16_t> d) {
+  FloatBuffer wide = put(b, zeros(int64_t(d.size)));
+  b.widen_bf16(d, int64_t(d.size), wide);
+  return get(b, wide);
+}
+
 std::vector<OpCase> linear_cases() {
   std::vector<OpCase> cases;
   struct Shape {
@@ -164,6 +178,39 @@ std::vector<OpCase> linear_cases() {
       c.tolerance = precision == MatmulPrecision::BF16 ? 1e-4 : 1e-5;
       cases.push_back(std::move(c));
     }
+  // Inputs already in bf16 (a training step's feed-forward under the bf16 policies): y = x·Wᵀ, and dx
+  // (+)= Σ dy_i·W_i over two weights (gate and up: bf16 and fp32 storage), at M = 19 added into a dx
+  // holding x. Few rows and more; an odd width.
+  for (int64_t M : {3, 19}) {
+    OpCase c;
+    c.name = "linear_bf16_input_" + std::to_string(M);
+    const int64_t cols = M == 3 ? 33 : 40, rows = 23;
+    c.make_inputs = [=] {
+      return Inputs{random_vector(size_t(M * cols), 12), random_vector(size_t(rows * cols), 13, 0.3f),
+                    random_vector(size_t(rows * cols), 14, 0.3f)};
+    };
+    c.forward = [=](Backend& b, Inputs& in) {
+      const WeightMatrix W0 = b.upload(matrix(rows, cols, in[1], DType::BF16)),
+                         W1 = b.upload(matrix(rows, cols, in[2], DType::F32));
+      FloatBuffer y0 = put(b, zeros(M * rows)), y1 = put(b, zeros(M * rows));
+      const Buffer<uint16_t> x = put_bf16(b, in[0]);
+      b.linear(x, M, W0, y0);
+      b.linear(x, M, W1, y1);
+      return Inputs{get(b, y0), get(b, y1)};
+    };
+    c.backward = [=](Backend& b, Inputs& in, const Values& dy) {
+      const WeightMatrix W0 = b.upload(matrix(rows, cols, in[1], DType::BF16)),
+                         W1 = b.upload(matrix(rows, cols, in[2], DType::F32));
+      const Buffer<uint16_t> dy0 = put_bf16(b, Values(dy.begin(), dy.begin() + M * rows)),
+                             dy1 = put_bf16(b, Values(dy.rbegin(), dy.rbegin() + M * rows));
+      const bool accumulate = M == 19;
+      FloatBuffer dx = put(b, accumulate ? in[0] : zeros(M * cols));
+      b.linear_backward_input({{&W0, dy0}, {&W1, dy1}}, M, dx, accumulate);
+      return Inputs{get(b, dx)};
+    };
+    c.tolerance = 1e-4;
+    cases.push_back(std::move(c));
+  }
   // int8 with the rows' maxima given (a split input's combined maxima): larger than the slice's own.
   OpCase c;
   c.name = "linear_int8_given_row_max";
@@ -484,6 +531,41 @@ std::vector<OpCase> activation_cases() {
     };
     if (n < 100) g.differentiable = {0, 1};
     cases.push_back(std::move(g));
+  }
+  // GeGLU's bf16 forms: out, gate and up narrowed (forward); the gradients from bf16 gate and up,
+  // narrowed (backward). Lengths and offsets as above (5001 − 1 unaligned for the four-value paths).
+  // Up to one bf16 step apart (2⁻⁷ relative) where a backend's fp32 value and the reference's lie on
+  // the two sides of a rounding boundary.
+  for (std::pair<int64_t, int64_t> length_offset : {std::pair<int64_t, int64_t>{37, 0}, {5000, 0}, {5001, 1}}) {
+    const int64_t n = length_offset.first, offset = length_offset.second, m = n - offset;
+    const auto view = [offset, m](auto& buffer) { return buffer.span().part(size_t(offset), size_t(m)); };
+    OpCase g;
+    g.name = "geglu_to_bf16_" + std::to_string(n) + (offset ? "_unaligned" : "");
+    g.make_inputs = [n] { return Inputs{random_vector(size_t(n), 15, 2.f), random_vector(size_t(n), 16)}; };
+    g.forward = [n, view](Backend& b, Inputs& in) {
+      const FloatBuffer gate = put(b, in[0]), up = put(b, in[1]);
+      Buffer<uint16_t> out, gate_copy, up_copy;
+      for (Buffer<uint16_t>* x : {&out, &gate_copy, &up_copy}) b.resize(*x, size_t(n));
+      b.geglu_to_bf16(view(gate), view(up), view(out).size, view(out), view(gate_copy), view(up_copy));
+      return Inputs{get_bf16(b, view(out)), get_bf16(b, view(gate_copy)), get_bf16(b, view(up_copy))};
+    };
+    g.tolerance = 8e-3;
+    cases.push_back(std::move(g));
+    OpCase d;
+    d.name = "geglu_backward_bf16_" + std::to_string(n) + (offset ? "_unaligned" : "");
+    d.make_inputs = [n] {
+      return Inputs{random_vector(size_t(n), 15, 2.f), random_vector(size_t(n), 16), random_vector(size_t(n), 17)};
+    };
+    d.forward = [n, view](Backend& b, Inputs& in) {
+      const Buffer<uint16_t> gate = put_bf16(b, in[0]), up = put_bf16(b, in[1]);
+      const FloatBuffer dout = put(b, in[2]);
+      Buffer<uint16_t> dgate, dup;
+      for (Buffer<uint16_t>* x : {&dgate, &dup}) b.resize(*x, size_t(n));
+      b.geglu_backward_bf16(view(gate), view(up), view(dout), view(dout).size, view(dgate), view(dup));
+      return Inputs{get_bf16(b, view(dgate)), get_bf16(b, view(dup))};
+    };
+    d.tolerance = 8e-3;
+    cases.push_back(std::move(d));
   }
   for (float cap : {1.5f, 30.f}) {
     OpCase c;
@@ -1129,6 +1211,12 @@ TEST(BackendChecks, WrongDeviceAndShortOperandsAreErrors) {
   Values y2(2);
   EXPECT_THROW(cpu.linear(x, 2, {{&narrow, y}, {&wide, y2}}, MatmulPrecision::F32), Error);
   EXPECT_THROW(cpu.linear_geglu(x, 1, narrow, wide, y, y, y, MatmulPrecision::F32), Error);  // gate and up unlike
+  // A bf16 input's products take no int8 weights (those quantize the fp32 input).
+  std::vector<uint16_t> x16(12), dy16(2);
+  const WeightMatrix codes = quantize_matrix_int8(WeightMatrix::from_f32(1, 12, x));
+  EXPECT_NO_THROW(cpu.linear(Span<const uint16_t>(x16), 1, wide, y));
+  EXPECT_THROW(cpu.linear(Span<const uint16_t>(x16), 1, codes, y), Error);
+  EXPECT_THROW(cpu.linear_backward_input({{&codes, Span<const uint16_t>(dy16)}}, 1, x, false), Error);
   // linear_rope: matrices of the heads' rows, a cache write of v's values.
   const WeightMatrix heads = WeightMatrix::from_f32(4, 3, Values(12, 1.f));  // 1 head of 4 over 3 columns
   Values rows(8), key_rows(8), value_rows(8);

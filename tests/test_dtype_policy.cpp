@@ -180,6 +180,45 @@ TEST(MixedBfloat16, TrainingKeepsBlockActivationsInBf16) {
   EXPECT_GT(rounded, inputs[0].size() / 2);  // the float32 step keeps its values unrounded
 }
 
+// With nothing differentiating the feed-forward (LoRA on q and v, the tutorial's), the blocks keep
+// gate and up in bf16 themselves and GeGLU's values and gradients go to the products in bf16
+// (Backend::geglu_to_bf16 / geglu_backward_bf16): exactly the gradients of the fp32 ops and their
+// narrowing, which a gradient slot for ffw_linear brings back (its ∂W needs GeGLU's fp32 values).
+TEST(MixedBfloat16, FeedForwardKeptInBf16GivesTheSameGradients) {
+  const NextTokenBatch next = fixture_next_token_batch();
+  std::vector<std::vector<float>> gradients;
+  for (const bool ffw_linear_gradient : {false, true}) {
+    GemmaModel model = load_with_policy(true);
+    LoraWeights lora = enable_lora(model.config, 4, parse_lora_targets({}), 3);
+    for (LoraAdapter& a : lora.adapters)  // non-zero B, so every gradient is non-trivial
+      for (size_t i = 0; i < a.b.size(); ++i) a.b[i] = 0.05f * float(int(i % 7) - 3);
+    LoraTensors tensors(cpu_backend(), lora);
+    attach_lora(model, lora, tensors, model.config);
+    ModelGradients grads;
+    grads.layers.assign(size_t(model.config.num_layers), LayerGradients{});
+    std::vector<std::vector<float>> ffw_linear(grads.layers.size());
+    if (ffw_linear_gradient)
+      for (size_t l = 0; l < grads.layers.size(); ++l) {
+        const WeightMatrix W = model.layer_weights(int(l)).ffw_linear;
+        ffw_linear[l].assign(size_t(W.rows * W.cols), 0.f);
+        grads.layers[l].ffw_linear = ffw_linear[l].data();
+      }
+    TrainingWorkspace ws;
+    forward_backward(cpu_context(MatmulPrecision::BF16), model, next.view(), 1.0 / double(next.batch * next.length),
+                     &grads, &ws);
+    EXPECT_EQ(ws.blocks.backward_set(0).gate_up_bf16 != nullptr, !ffw_linear_gradient);
+    std::vector<float>& all = gradients.emplace_back();
+    for (size_t i = 0; i < tensors.a.size(); ++i)
+      for (const FloatBuffer* g : {&tensors.grad_a[i], &tensors.grad_b[i]}) {
+        const std::vector<float> host = to_host(*g);
+        all.insert(all.end(), host.begin(), host.end());
+      }
+  }
+  ASSERT_EQ(gradients[0].size(), gradients[1].size());
+  EXPECT_GT(*std::max_element(gradients[0].begin(), gradients[0].end()), 0.f);
+  for (size_t i = 0; i < gradients[0].size(); ++i) ASSERT_EQ(gradients[0][i], gradients[1][i]) << i;
+}
+
 std::vector<double> finetune_losses(const std::string& policy, const std::string& dir, const std::string& extra = "") {
   const CommandResult r = run_meshtune("finetune " + fixture(kPreset) + " --lora-rank 4 --data sample --seq-len 16"
                                        " --batch-size 2 --steps 20 --lr 1e-3 --no-shuffle --no-progress --out " + dir +

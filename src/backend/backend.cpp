@@ -42,6 +42,11 @@ void need_matrix(const Backend& backend, const WeightMatrix& W, const char* op) 
 
 }  // namespace
 
+float* Backend::scratch_floats(size_t n) {
+  if (host_scratch_.size() < n) host_scratch_.resize(n);
+  return host_scratch_.data();
+}
+
 void* Backend::allocate(size_t bytes) {
   ++allocations_;
   return allocate_impl(bytes);
@@ -280,6 +285,55 @@ void Backend::linear_backward_weight(ConstFloats dy, ConstFloats x, int64_t M, i
   linear_backward_weight_impl(dy.data, x.data, M, rows, cols, dW.data);
 }
 
+// A bf16 input's product: the weights' dtypes whose BF16-precision products round their input to bf16.
+static void need_bf16_product(const Backend& b, const WeightMatrix& W, const char* op) {
+  need_matrix(b, W, op);
+  if (W.dtype == DType::I8) fail(b.name(), " backend: ", op, " of a bf16 input over int8 weights (int8 products "
+                                 "quantize the fp32 input)");
+}
+
+void Backend::linear(Span<const uint16_t> x, int64_t M, const WeightMatrix& W, Floats y) {
+  need_bf16_product(*this, W, "linear");
+  need(*this, x, M * W.cols, "linear", "x");
+  need(*this, y, M * W.rows, "linear", "y");
+  if (M > 0) linear_bf16_input_impl(x.data, M, W, y.data);
+}
+
+void Backend::linear_backward_input(const std::vector<Bf16OutputGradient>& gradients, int64_t M, Floats dx,
+                                    bool accumulate) {
+  if (gradients.empty()) return;
+  const int64_t cols = gradients[0].W ? gradients[0].W->cols : 0;
+  for (const Bf16OutputGradient& g : gradients) {
+    if (g.W == nullptr) fail(name(), " backend: linear_backward_input's weight matrix is missing");
+    need_bf16_product(*this, *g.W, "linear_backward_input");
+    if (g.W->cols != cols) fail(name(), " backend: linear_backward_input of one input over matrices of ", cols,
+                                " and ", g.W->cols, " columns");
+    need(*this, g.dy, M * g.W->rows, "linear_backward_input", "dy");
+  }
+  need(*this, dx, M * cols, "linear_backward_input", "dx");
+  if (M > 0) linear_backward_input_bf16_impl(gradients, M, dx.data, accumulate);
+}
+
+void Backend::linear_bf16_input_impl(const uint16_t* x, int64_t M, const WeightMatrix& W, float* y) {
+  float* widened = scratch_floats(size_t(M * W.cols));
+  widen_bf16_impl(x, M * W.cols, widened);
+  linear_impl(widened, M, W, y, MatmulPrecision::BF16, nullptr);
+}
+
+void Backend::linear_backward_input_bf16_impl(const std::vector<Bf16OutputGradient>& gradients, int64_t M, float* dx,
+                                              bool accumulate) {
+  int64_t total = 0;
+  for (const Bf16OutputGradient& g : gradients) total += M * g.W->rows;
+  float* widened = scratch_floats(size_t(total));
+  std::vector<LinearOutputGradient> fp32;
+  for (const Bf16OutputGradient& g : gradients) {
+    widen_bf16_impl(g.dy.data, M * g.W->rows, widened);
+    fp32.push_back({g.W, ConstFloats(widened, size_t(M * g.W->rows), device())});
+    widened += M * g.W->rows;
+  }
+  linear_backward_input_shared_impl(fp32, M, dx, accumulate, MatmulPrecision::BF16);
+}
+
 void Backend::low_rank(ConstFloats x, int64_t M, const LowRankTerm& term, Floats y) {
   if (!term.active()) return;
   need_term(*this, term, "low_rank");
@@ -406,6 +460,45 @@ void Backend::geglu_backward(ConstFloats gate, ConstFloats up, ConstFloats dout,
   need(*this, dgate, n, "geglu_backward", "dgate");
   need(*this, dup, n, "geglu_backward", "dup");
   geglu_backward_impl(gate.data, up.data, dout.data, n, dgate.data, dup.data);
+}
+
+void Backend::geglu_to_bf16(ConstFloats gate, ConstFloats up, int64_t n, Span<uint16_t> out,
+                            Span<uint16_t> gate_copy, Span<uint16_t> up_copy) {
+  need(*this, gate, n, "geglu_to_bf16", "gate");
+  need(*this, up, n, "geglu_to_bf16", "up");
+  need(*this, out, n, "geglu_to_bf16", "out");
+  need(*this, gate_copy, n, "geglu_to_bf16", "gate_copy");
+  need(*this, up_copy, n, "geglu_to_bf16", "up_copy");
+  if (n > 0) geglu_to_bf16_impl(gate.data, up.data, n, out.data, gate_copy.data, up_copy.data);
+}
+
+void Backend::geglu_backward_bf16(Span<const uint16_t> gate, Span<const uint16_t> up, ConstFloats dout, int64_t n,
+                                  Span<uint16_t> dgate, Span<uint16_t> dup) {
+  need(*this, gate, n, "geglu_backward_bf16", "gate");
+  need(*this, up, n, "geglu_backward_bf16", "up");
+  need(*this, dout, n, "geglu_backward_bf16", "dout");
+  need(*this, dgate, n, "geglu_backward_bf16", "dgate");
+  need(*this, dup, n, "geglu_backward_bf16", "dup");
+  if (n > 0) geglu_backward_bf16_impl(gate.data, up.data, dout.data, n, dgate.data, dup.data);
+}
+
+void Backend::geglu_to_bf16_impl(const float* gate, const float* up, int64_t n, uint16_t* out, uint16_t* gate_copy,
+                                 uint16_t* up_copy) {
+  float* activated = scratch_floats(size_t(n));
+  geglu_impl(gate, up, n, activated);
+  narrow_to_bf16_impl(activated, n, out);
+  narrow_to_bf16_impl(gate, n, gate_copy);
+  narrow_to_bf16_impl(up, n, up_copy);
+}
+
+void Backend::geglu_backward_bf16_impl(const uint16_t* gate, const uint16_t* up, const float* dout, int64_t n,
+                                       uint16_t* dgate, uint16_t* dup) {
+  float* room = scratch_floats(size_t(4 * n));  // gate, up, then their gradients
+  widen_bf16_impl(gate, n, room);
+  widen_bf16_impl(up, n, room + n);
+  geglu_backward_impl(room, room + n, dout, n, room + 2 * n, room + 3 * n);
+  narrow_to_bf16_impl(room + 2 * n, n, dgate);
+  narrow_to_bf16_impl(room + 3 * n, n, dup);
 }
 
 void Backend::soft_cap(Floats x, int64_t n, float cap) {

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/buffer.h"
 #include "backend/op_types.h"
@@ -33,6 +34,11 @@ struct LinearOutput {
 struct LinearOutputGradient {
   const WeightMatrix* W = nullptr;
   ConstFloats dy;
+};
+// The same with dy already rounded to bf16 (a BF16-precision product's input; geglu_backward_bf16's).
+struct Bf16OutputGradient {
+  const WeightMatrix* W = nullptr;
+  Span<const uint16_t> dy;
 };
 
 // Where RoPE (Backend::rope) also writes a step's rotated keys and its values: into their caches
@@ -138,6 +144,12 @@ class Backend : public Allocator {
   void linear_backward_input(const std::vector<LinearOutputGradient>& gradients, int64_t M, Floats dx,
                              bool accumulate, MatmulPrecision precision);
   void linear_backward_weight(ConstFloats dy, ConstFloats x, int64_t M, int64_t rows, int64_t cols, Floats dW);
+  // The products of inputs already rounded to bf16 — what a BF16-precision product makes of their fp32
+  // values, so the numbers are linear's and linear_backward_input's under BF16 precision; W not int8
+  // (int8 products quantize the fp32 values): y = x·Wᵀ, and dx (+)= Σ_i dy_i·W_i. A GPU reads them as
+  // they are, where the fp32 forms narrow their input first.
+  void linear(Span<const uint16_t> x, int64_t M, const WeightMatrix& W, Floats y);
+  void linear_backward_input(const std::vector<Bf16OutputGradient>& gradients, int64_t M, Floats dx, bool accumulate);
   // LoRA's y += s·(x·A)·B and its backward (dx += …, ∂A, ∂B into the term's gradient views).
   void low_rank(ConstFloats x, int64_t M, const LowRankTerm& term, Floats y);
   void low_rank_backward(ConstFloats x, ConstFloats dy, int64_t M, const LowRankTerm& term, Floats dx);
@@ -173,6 +185,15 @@ class Backend : public Allocator {
   // out = gelu_tanh(gate)·up over n (out may be gate); backward gives dgate, dup.
   void geglu(ConstFloats gate, ConstFloats up, int64_t n, Floats out);
   void geglu_backward(ConstFloats gate, ConstFloats up, ConstFloats dout, int64_t n, Floats dgate, Floats dup);
+  // GeGLU where only bf16 products and bf16 copies read its M·F values (a training step's feed-forward
+  // under the bf16 policies, model/gemma.cpp): the numbers of geglu then narrow_to_bf16 of out, gate
+  // and up — out for the down projection, gate and up for backward —, and of widen_bf16 of gate and
+  // up, geglu_backward, then narrow_to_bf16 of dgate and dup (the gate and up products' input
+  // gradients), each in one pass on a GPU instead of four.
+  void geglu_to_bf16(ConstFloats gate, ConstFloats up, int64_t n, Span<uint16_t> out, Span<uint16_t> gate_copy,
+                     Span<uint16_t> up_copy);
+  void geglu_backward_bf16(Span<const uint16_t> gate, Span<const uint16_t> up, ConstFloats dout, int64_t n,
+                           Span<uint16_t> dgate, Span<uint16_t> dup);
   // x = cap·tanh(x/cap); backward from the capped y: dy ·= 1 − (y/cap)².
   void soft_cap(Floats x, int64_t n, float cap);
   void soft_cap_backward(ConstFloats y, Floats dy, int64_t n, float cap);
@@ -262,6 +283,10 @@ class Backend : public Allocator {
                                                  float* dx, bool accumulate, MatmulPrecision precision);
   virtual void linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
                                            float* dW) = 0;
+  // By default widened into scratch_floats, then linear_impl / linear_backward_input_shared_impl under BF16.
+  virtual void linear_bf16_input_impl(const uint16_t* x, int64_t M, const WeightMatrix& W, float* y);
+  virtual void linear_backward_input_bf16_impl(const std::vector<Bf16OutputGradient>& gradients, int64_t M,
+                                               float* dx, bool accumulate);
   virtual void low_rank_impl(const float* x, int64_t M, const LowRankTerm& term, float* y) = 0;
   virtual void low_rank_backward_impl(const float* x, const float* dy, int64_t M, const LowRankTerm& term,
                                       float* dx) = 0;
@@ -288,6 +313,11 @@ class Backend : public Allocator {
   virtual void geglu_impl(const float* gate, const float* up, int64_t n, float* out) = 0;
   virtual void geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                                    float* dup) = 0;
+  // By default the fp32 ops in scratch_floats and the narrowing and widening around them.
+  virtual void geglu_to_bf16_impl(const float* gate, const float* up, int64_t n, uint16_t* out, uint16_t* gate_copy,
+                                  uint16_t* up_copy);
+  virtual void geglu_backward_bf16_impl(const uint16_t* gate, const uint16_t* up, const float* dout, int64_t n,
+                                        uint16_t* dgate, uint16_t* dup);
   virtual void soft_cap_impl(float* x, int64_t n, float cap) = 0;
   virtual void soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) = 0;
   virtual void softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax) = 0;
@@ -329,9 +359,14 @@ class Backend : public Allocator {
   virtual void scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) = 0;
   virtual void clamp_impl(float* x, int64_t n, float limit) = 0;
   virtual int64_t first_not_finite_impl(const std::vector<ConstFloats>& arrays) = 0;
+  // Room for the default implementations' fp32 values: n floats of this backend's memory, kept (not
+  // an allocation of the backend's) and valid until the next call. A default that holds it calls no
+  // other op that takes it. By default host memory (the host backends'); a device backend overrides it.
+  virtual float* scratch_floats(size_t n);
 
  private:
   size_t allocations_ = 0;
+  std::vector<float> host_scratch_;
 };
 
 }  // namespace meshtune

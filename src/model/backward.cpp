@@ -66,24 +66,38 @@ static void decoder_block_backward(const Context& ctx, const GemmaModel& model, 
 
   // --- feed-forward branch: out = mid + post_ffw_norm(ffw_linear(gelu(gate)·up)) ---
   ConstFloats d_branch = branch_gradient(c.use_post_ffw_norm, a.ffw_projected, w.post_ffw_norm, g.post_ffw_norm);
-  FloatBuffer &d_activated = sized(ws.d_activated, M * F), &d_gate = sized(ws.d_gate, M * F),
-              &d_up = sized(ws.d_up, M * F);
-  // ffw_linear's input gelu(gate)·up was not kept (F wide); it is recomputed when there is a
-  // gradient of ffw_linear to form (full fine-tuning, or a LoRA term on it).
-  ConstFloats activated;
-  if (g.ffw_linear || model.low_rank_term(layer, Slot::FfwLinear).active()) {
-    FloatBuffer& act = sized(ws.activated, M * F);
-    b.geglu(a.gate, a.up, M * F, act);
-    activated = act;
-  }
-  project_backward(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, d_branch, g.ffw_linear}},
-                   d_activated, false);
-  b.geglu_backward(a.gate, a.up, d_activated, M * F, d_gate, d_up);
+  FloatBuffer& d_activated = sized(ws.d_activated, M * F);
   FloatBuffer& d_normed = sized(ws.d_normed, M * D);
-  project_backward(ctx, model, layer, a.ffw_normed, M,
-                   {{Slot::FfwGating, w.ffw_gating, d_gate, g.ffw_gating},
-                    {Slot::FfwGating2, w.ffw_gating_2, d_up, g.ffw_gating_2}},
-                   d_normed, false);
+  if (a.gate_up_bf16) {
+    // Gate and up kept in bf16 (nothing differentiates the feed-forward's matrices): their gradients
+    // are only the bf16 products' input, and are written so.
+    b.linear_backward_input(d_branch, M, w.ffw_linear, d_activated, false, ctx.precision);
+    const Span<const uint16_t> kept = *a.gate_up_bf16;
+    Bf16Buffer& d_gate_up = ws.d_gate_up_bf16;
+    b.resize(d_gate_up, size_t(2 * M * F));
+    const Span<uint16_t> d_gate = d_gate_up.span().part(0, size_t(M * F)),
+                         d_up = d_gate_up.span().part(size_t(M * F), size_t(M * F));
+    b.geglu_backward_bf16(kept.part(0, size_t(M * F)), kept.part(size_t(M * F), size_t(M * F)), d_activated, M * F,
+                          d_gate, d_up);
+    b.linear_backward_input({{&w.ffw_gating, d_gate}, {&w.ffw_gating_2, d_up}}, M, d_normed, false);
+  } else {
+    FloatBuffer &d_gate = sized(ws.d_gate, M * F), &d_up = sized(ws.d_up, M * F);
+    // ffw_linear's input gelu(gate)·up was not kept (F wide); it is recomputed when there is a
+    // gradient of ffw_linear to form (full fine-tuning, or a LoRA term on it).
+    ConstFloats activated;
+    if (g.ffw_linear || model.low_rank_term(layer, Slot::FfwLinear).active()) {
+      FloatBuffer& act = sized(ws.activated, M * F);
+      b.geglu(a.gate, a.up, M * F, act);
+      activated = act;
+    }
+    project_backward(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, d_branch, g.ffw_linear}},
+                     d_activated, false);
+    b.geglu_backward(a.gate, a.up, d_activated, M * F, d_gate, d_up);
+    project_backward(ctx, model, layer, a.ffw_normed, M,
+                     {{Slot::FfwGating, w.ffw_gating, d_gate, g.ffw_gating},
+                      {Slot::FfwGating2, w.ffw_gating_2, d_up, g.ffw_gating_2}},
+                     d_normed, false);
+  }
   ctx.tensor_parallel.sum_partials(d_normed);  // Σ over width
   // dx += the normed input's gradient through the pre-norm: now ∂L/∂mid.
   b.rmsnorm_backward(a.mid, w.pre_ffw_norm, M, D, eps, d_normed, dx, gradient(b, g.pre_ffw_norm, D),
@@ -135,6 +149,22 @@ float*& ModelGradients::of(Slot slot, int layer) {
   fail("no gradient slot");
 }
 
+// Whether no block's feed-forward matrix gets a gradient (no ∂W, no LoRA term) and none is int8:
+// then backward reads gate and up only for GeGLU's gradient, and its gradients only bf16 products
+// take under the bf16 policies, so blocks keep gate and up in bf16 themselves (gate_up_bf16).
+static bool feed_forward_undifferentiated(const GemmaModel& model, const ModelGradients& grads) {
+  for (int layer = 0; layer < model.config.num_layers; ++layer) {
+    const LayerGradients& g = grads.layers[size_t(layer)];
+    if (g.ffw_gating || g.ffw_gating_2 || g.ffw_linear) return false;
+    for (Slot slot : {Slot::FfwGating, Slot::FfwGating2, Slot::FfwLinear}) {
+      if (model.low_rank_term(layer, slot).active()) return false;
+      const WeightMatrix* W = model.matrix(slot, layer);
+      if (!W || W->dtype == DType::I8) return false;
+    }
+  }
+  return true;
+}
+
 LossSums forward_backward(const Context& ctx, const GemmaModel& model, const TokenBatch& batch, double loss_scale,
                           const ModelGradients* grads, TrainingWorkspace* workspace) {
   Backend& b = ctx.backend;
@@ -153,7 +183,8 @@ LossSums forward_backward(const Context& ctx, const GemmaModel& model, const Tok
   // Under mixed_bfloat16 the blocks' activations are kept in bf16 (half the memory), as Keras keeps
   // them in its compute dtype.
   SavedBlocks& saved = ws.blocks;
-  if (grads) saved.start(b, c.num_layers, ctx.precision == MatmulPrecision::BF16);
+  const bool bf16 = ctx.precision == MatmulPrecision::BF16;
+  if (grads) saved.start(b, c.num_layers, bf16, bf16 && feed_forward_undifferentiated(model, *grads));
   const FloatBuffer& hidden = backbone_forward(ctx, model, batch.token_ids, B, T, 0, cache, ws.forward, nullptr,
                                               grads ? &saved : nullptr, grads ? &ws.final_norm_input : nullptr);
 

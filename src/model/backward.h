@@ -47,6 +47,7 @@ struct TrainingWorkspace {
   ForwardWorkspace forward;  // the residual stream and the hidden states
   SavedBlocks blocks;
   FloatBuffer d_branch, activated, d_activated, d_gate, d_up, d_normed, d_attended, dq, dk, dv;
+  Bf16Buffer d_gate_up_bf16;  // ∂gate, then ∂up, where the blocks keep gate and up in bf16 [2, M, F]
   FloatBuffer d_hidden;               // ∂L/∂ the final hidden states, then the residual stream's gradient [M, D]
   FloatBuffer h_chunk, d_h_chunk;     // one chunk of rows of the hidden states and of their gradient
   FloatBuffer logits;                 // one chunk of rows' logits (up to 128 MiB)

@@ -248,18 +248,31 @@ static Branch decoder_block(const Context& ctx, const GemmaModel& model, const D
   buffer(a.gate, M * F);
   buffer(a.up, M * F);
   buffer(a.ffw_projected, M * D);
-  FloatBuffer& activated = for_backward ? s.activated : a.gate;  // backward needs gate itself
-  if (for_backward) buffer(activated, M * F);
   const bool ffw_adapted = model.low_rank_term(layer, Slot::FfwGating).active() ||
                            model.low_rank_term(layer, Slot::FfwGating2).active();
-  if (!for_backward && !ffw_adapted) {  // nothing else reads gate and up: a GPU decodes this in one launch
-    b.linear_geglu(a.ffw_normed, M, w.ffw_gating, w.ffw_gating_2, a.gate, a.up, activated, ctx.precision);
-  } else {
+  if (for_backward && a.gate_up_bf16) {
+    // Only bf16 products and backward's bf16 copies read the M·F values here: GeGLU writes them in
+    // bf16 (the same numbers as geglu, then each narrowed), and the down projection takes them so.
     project(ctx, model, layer, a.ffw_normed, M,
             {{Slot::FfwGating, w.ffw_gating, a.gate}, {Slot::FfwGating2, w.ffw_gating_2, a.up}});
-    b.geglu(a.gate, a.up, M * F, activated);
+    Bf16Buffer& kept = *a.gate_up_bf16;
+    b.resize(kept, size_t(2 * M * F));
+    b.resize(s.activated_bf16, size_t(M * F));
+    b.geglu_to_bf16(a.gate, a.up, M * F, s.activated_bf16, kept.span().part(0, size_t(M * F)),
+                    kept.span().part(size_t(M * F), size_t(M * F)));
+    b.linear(s.activated_bf16, M, w.ffw_linear, a.ffw_projected);
+  } else {
+    FloatBuffer& activated = for_backward ? s.activated : a.gate;  // backward needs gate itself
+    if (for_backward) buffer(activated, M * F);
+    if (!for_backward && !ffw_adapted) {  // nothing else reads gate and up: a GPU decodes this in one launch
+      b.linear_geglu(a.ffw_normed, M, w.ffw_gating, w.ffw_gating_2, a.gate, a.up, activated, ctx.precision);
+    } else {
+      project(ctx, model, layer, a.ffw_normed, M,
+              {{Slot::FfwGating, w.ffw_gating, a.gate}, {Slot::FfwGating2, w.ffw_gating_2, a.up}});
+      b.geglu(a.gate, a.up, M * F, activated);
+    }
+    project(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, a.ffw_projected}});
   }
-  project(ctx, model, layer, activated, M, {{Slot::FfwLinear, w.ffw_linear, a.ffw_projected}});
   ctx.tensor_parallel.sum_partials(a.ffw_projected);  // Σ over width
   return branch(a.ffw_projected, c.use_post_ffw_norm, w.post_ffw_norm);
 }
@@ -273,12 +286,15 @@ static auto activation_buffers(Activations& a) {
   return buffers;
 }
 
-void SavedBlocks::start(Backend& backend, int layers, bool bf16) {
+void SavedBlocks::start(Backend& backend, int layers, bool bf16, bool feed_forward_bf16) {
+  check(bf16 || !feed_forward_bf16, "SavedBlocks: gate and up are kept in bf16 only under a bf16 policy");
   backend_ = &backend;
   bf16_ = bf16;
+  feed_forward_bf16_ = feed_forward_bf16;
   fp32_.resize(bf16 ? 1 : size_t(layers));
   packed_.resize(bf16 ? size_t(layers) : 0);
   sizes_.resize(bf16 ? size_t(layers) : 0);
+  gate_up_.resize(feed_forward_bf16 ? size_t(layers) : 0);
 }
 
 size_t SavedBlocks::bytes() const {
@@ -286,25 +302,36 @@ size_t SavedBlocks::bytes() const {
   for (const BlockActivations& set : fp32_)
     for (const FloatBuffer* b : activation_buffers(set)) total += b->size() * sizeof(float);
   for (const Bf16Buffer& packed : packed_) total += packed.size() * sizeof(uint16_t);
+  for (const Bf16Buffer& kept : gate_up_) total += kept.size() * sizeof(uint16_t);
   return total;
 }
 
-BlockActivations& SavedBlocks::forward_set(int layer) { return fp32_[bf16_ ? 0 : size_t(layer)]; }
+BlockActivations& SavedBlocks::working_set(int layer) {
+  BlockActivations& a = fp32_[bf16_ ? 0 : size_t(layer)];
+  a.gate_up_bf16 = feed_forward_bf16_ ? &gate_up_[size_t(layer)] : nullptr;
+  return a;
+}
+
+BlockActivations& SavedBlocks::forward_set(int layer) { return working_set(layer); }
 
 void SavedBlocks::keep(int layer) {
   if (!bf16_) return;
   const auto buffers = activation_buffers(fp32_[0]);
   size_t total = 0;
-  for (size_t i = 0; i < kBuffers; ++i) total += sizes_[size_t(layer)][i] = buffers[i]->size();
+  std::vector<ConstFloats> parts;
+  for (size_t i = 0; i < kBuffers; ++i) {
+    // gate and up are in gate_up_bf16 already, where the block kept them there.
+    const bool kept_apart = feed_forward_bf16_ && (buffers[i] == &fp32_[0].gate || buffers[i] == &fp32_[0].up);
+    total += sizes_[size_t(layer)][i] = kept_apart ? 0 : buffers[i]->size();
+    parts.push_back(ConstFloats(*buffers[i]).part(0, sizes_[size_t(layer)][i]));
+  }
   Bf16Buffer& packed = packed_[size_t(layer)];
   backend_->resize(packed, total);
-  std::vector<ConstFloats> parts;
-  for (const FloatBuffer* b : buffers) parts.push_back(*b);
   backend_->narrow_to_bf16(parts, packed);
 }
 
 const BlockActivations& SavedBlocks::backward_set(int layer) {
-  BlockActivations& a = fp32_[bf16_ ? 0 : size_t(layer)];
+  BlockActivations& a = working_set(layer);
   if (!bf16_) return a;
   const auto buffers = activation_buffers(a);
   std::vector<Floats> parts;

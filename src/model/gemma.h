@@ -138,11 +138,17 @@ struct BlockActivations {
   FloatBuffer attn_projected; // attention_output(attended), before post-norm [M, D]
   FloatBuffer mid;            // x after the attention residual [M, D]
   FloatBuffer ffw_normed;     // pre_ffw_norm(mid) [M, D]
-  FloatBuffer gate, up;       // gate/up projections before GeGLU [M, F]
+  FloatBuffer gate, up;       // gate/up projections before GeGLU [M, F] (not kept where gate_up_bf16 is)
   FloatBuffer ffw_projected;  // ffw_linear(gelu(gate)·up), before post-norm [M, D]
+  // Training under the bf16 policies where nothing differentiates the feed-forward's matrices (LoRA
+  // on attention, the tutorial's): gate and up as backward keeps them, in bf16 [2, M, F] — gate,
+  // then up —, written by GeGLU itself (Backend::geglu_to_bf16); SavedBlocks' buffer of the layer.
+  // Null otherwise: gate and up are kept with the other activations.
+  Bf16Buffer* gate_up_bf16 = nullptr;
 };
 struct BlockScratch {
-  FloatBuffer activated;  // gelu(gate)·up [M, F]
+  FloatBuffer activated;        // gelu(gate)·up [M, F]
+  Bf16Buffer activated_bf16;    // the same in bf16, the down projection's input (with gate_up_bf16)
   FloatBuffer residual;   // a branch's output after its post-norm [M, D], for a traced pass' separate joins
 };
 
@@ -152,8 +158,9 @@ struct BlockScratch {
 // widened back into one fp32 working set for its backward.
 class SavedBlocks {
  public:
-  // Before a forward pass of `layers` blocks; reuses the buffers of a previous step.
-  void start(Backend& backend, int layers, bool bf16);
+  // Before a forward pass of `layers` blocks; reuses the buffers of a previous step. With
+  // `feed_forward_bf16` (bf16 only) the blocks keep gate and up in bf16 themselves (gate_up_bf16).
+  void start(Backend& backend, int layers, bool bf16, bool feed_forward_bf16 = false);
   bool bf16() const { return bf16_; }
   // Where block `layer`'s forward writes, then keep(layer) once it is done.
   BlockActivations& forward_set(int layer);
@@ -168,8 +175,12 @@ class SavedBlocks {
   static constexpr size_t kBuffers = 14;  // the FloatBuffers of a BlockActivations
 
  private:
+  // The working set pointed at block `layer`'s gate_up_bf16 (or at none).
+  BlockActivations& working_set(int layer);
+
   Backend* backend_ = nullptr;
-  bool bf16_ = false;
+  bool bf16_ = false, feed_forward_bf16_ = false;
+  std::vector<Bf16Buffer> gate_up_;                   // feed_forward_bf16: each layer's gate_up_bf16
   std::vector<BlockActivations> fp32_;                // one per layer; with bf16, the one working set
   std::vector<Bf16Buffer> packed_;                    // bf16: each layer's buffers, one after the other
   std::vector<std::array<size_t, kBuffers>> sizes_;   // bf16: each layer's buffer sizes

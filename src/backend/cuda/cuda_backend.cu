@@ -17,7 +17,9 @@ using cuda::check_cuda;
 using cuda::check_launch;
 using cuda::geglu_value;
 using cuda::kThreads;
+using cuda::pack_bf16x4;
 using cuda::quads;
+using cuda::unpack_bf16x4;
 using cuda::rope_pair;
 using cuda::RopeCacheRows;
 using cuda::RopePair;
@@ -174,24 +176,12 @@ namespace {  // the kernels and helpers of this file
 // Four values a thread where aligned (cuda_common.cuh's quads).
 __device__ void narrow_elements(const float* src, int64_t n, uint16_t* dst) {
   const int64_t whole = aligned_to(src, 16) && aligned_to(dst, 8) ? n / 4 : 0;
-  FOR_EACH_INDEX(i, whole) {
-    const float4 x = reinterpret_cast<const float4*>(src)[i];
-    uint2 y;
-    y.x = uint32_t(f32_to_bf16(x.x)) | uint32_t(f32_to_bf16(x.y)) << 16;
-    y.y = uint32_t(f32_to_bf16(x.z)) | uint32_t(f32_to_bf16(x.w)) << 16;
-    reinterpret_cast<uint2*>(dst)[i] = y;
-  }
+  FOR_EACH_INDEX(i, whole) reinterpret_cast<uint2*>(dst)[i] = pack_bf16x4(reinterpret_cast<const float4*>(src)[i]);
   FOR_EACH_INDEX(i, n - 4 * whole) dst[4 * whole + i] = f32_to_bf16(src[4 * whole + i]);
 }
 __device__ void widen_elements(const uint16_t* src, int64_t n, float* dst) {
   const int64_t whole = aligned_to(src, 8) && aligned_to(dst, 16) ? n / 4 : 0;
-  FOR_EACH_INDEX(i, whole) {
-    const uint2 x = reinterpret_cast<const uint2*>(src)[i];
-    float4 y;
-    y.x = bf16_to_f32(uint16_t(x.x & 0xffffu)), y.y = bf16_to_f32(uint16_t(x.x >> 16));
-    y.z = bf16_to_f32(uint16_t(x.y & 0xffffu)), y.w = bf16_to_f32(uint16_t(x.y >> 16));
-    reinterpret_cast<float4*>(dst)[i] = y;
-  }
+  FOR_EACH_INDEX(i, whole) reinterpret_cast<float4*>(dst)[i] = unpack_bf16x4(reinterpret_cast<const uint2*>(src)[i]);
   FOR_EACH_INDEX(i, n - 4 * whole) dst[4 * whole + i] = bf16_to_f32(src[4 * whole + i]);
 }
 
@@ -700,6 +690,27 @@ void CudaBackend::linear_backward_input_shared_impl(const std::vector<LinearOutp
     gemm(s, CUBLAS_OP_N, CUBLAS_OP_N, W.cols, M, W.rows, weight_operand(s, W, precision), W.cols, narrowed + offset,
          W.rows, CUDA_R_16BF, accumulate || i > 0 ? 1.f : 0.f, dx, W.cols, "linear_backward_input");
     offset += M * W.rows;
+  }
+}
+
+float* CudaBackend::scratch_floats(size_t n) {
+  return static_cast<float*>(state_->scratch_for(8, n * sizeof(float)));
+}
+
+// Inputs already in bf16 go to cuBLAS as they are (no narrowing launch); the weights as under BF16.
+void CudaBackend::linear_bf16_input_impl(const uint16_t* x, int64_t M, const WeightMatrix& W, float* y) {
+  CudaState& s = *state_;
+  gemm(s, CUBLAS_OP_T, CUBLAS_OP_N, W.rows, M, W.cols, weight_operand(s, W, MatmulPrecision::BF16), W.cols, x, W.cols,
+       CUDA_R_16BF, 0.f, y, W.rows, "linear");
+}
+void CudaBackend::linear_backward_input_bf16_impl(const std::vector<Bf16OutputGradient>& gradients, int64_t M,
+                                                  float* dx, bool accumulate) {
+  CudaState& s = *state_;
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    const WeightMatrix& W = *gradients[i].W;
+    gemm(s, CUBLAS_OP_N, CUBLAS_OP_N, W.cols, M, W.rows, weight_operand(s, W, MatmulPrecision::BF16), W.cols,
+         gradients[i].dy.data, W.rows, CUDA_R_16BF, accumulate || i > 0 ? 1.f : 0.f, dx, W.cols,
+         "linear_backward_input");
   }
 }
 

@@ -54,6 +54,9 @@ class CudaBackend final : public Backend {
                                          bool accumulate, MatmulPrecision precision) override;
   void linear_backward_weight_impl(const float* dy, const float* x, int64_t M, int64_t rows, int64_t cols,
                                    float* dW) override;
+  void linear_bf16_input_impl(const uint16_t* x, int64_t M, const WeightMatrix& W, float* y) override;
+  void linear_backward_input_bf16_impl(const std::vector<Bf16OutputGradient>& gradients, int64_t M, float* dx,
+                                       bool accumulate) override;
   void low_rank_impl(const float* x, int64_t M, const LowRankTerm& term, float* y) override;
   void low_rank_backward_impl(const float* x, const float* dy, int64_t M, const LowRankTerm& term,
                               float* dx) override;
@@ -76,6 +79,10 @@ class CudaBackend final : public Backend {
   void geglu_impl(const float* gate, const float* up, int64_t n, float* out) override;
   void geglu_backward_impl(const float* gate, const float* up, const float* dout, int64_t n, float* dgate,
                            float* dup) override;
+  void geglu_to_bf16_impl(const float* gate, const float* up, int64_t n, uint16_t* out, uint16_t* gate_copy,
+                          uint16_t* up_copy) override;
+  void geglu_backward_bf16_impl(const uint16_t* gate, const uint16_t* up, const float* dout, int64_t n,
+                                uint16_t* dgate, uint16_t* dup) override;
   void soft_cap_impl(float* x, int64_t n, float cap) override;
   void soft_cap_backward_impl(const float* y, float* dy, int64_t n, float cap) override;
   void softmax_row_max_impl(const float* z, int64_t n, int64_t cols, int64_t v0, float* max_and_argmax) override;
@@ -112,6 +119,7 @@ class CudaBackend final : public Backend {
   void scale_by_ratio_impl(float* x, int64_t n, float numerator, float denominator) override;
   void clamp_impl(float* x, int64_t n, float limit) override;
   int64_t first_not_finite_impl(const std::vector<ConstFloats>& arrays) override;
+  float* scratch_floats(size_t n) override;
  private:
   int gpu_ = 0;
   std::unique_ptr<CudaState> state_;

@@ -115,6 +115,17 @@ __device__ inline bool aligned_to(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
+// Four values rounded to bf16 (nearest even) in one 8-byte word, and back: the streaming kernels'
+// and the bf16 GeGLU kernels' four-values-a-thread loads and stores.
+__device__ inline uint2 pack_bf16x4(float4 x) {
+  return {uint32_t(f32_to_bf16(x.x)) | uint32_t(f32_to_bf16(x.y)) << 16,
+          uint32_t(f32_to_bf16(x.z)) | uint32_t(f32_to_bf16(x.w)) << 16};
+}
+__device__ inline float4 unpack_bf16x4(uint2 x) {
+  return {bf16_to_f32(uint16_t(x.x & 0xffffu)), bf16_to_f32(uint16_t(x.x >> 16)), bf16_to_f32(uint16_t(x.y & 0xffffu)),
+          bf16_to_f32(uint16_t(x.y >> 16))};
+}
+
 // GeGLU of one value in fp32 with the CPU's formula (core/scalar_math.h): gelu_tanh(u)·w, shared by
 // the GeGLU kernels and the few-row products that end in GeGLU. (Double tanh made the GeGLU kernels
 // compute-bound on an H200: 1.1 ms and 1.9 ms for the 8 × 1024 × 24576 values of the 7B shape, about
@@ -189,10 +200,11 @@ struct CudaState {
   std::unordered_multimap<size_t, void*> free_blocks;   // released blocks, reused by exact size
   // Scratch of the ops (bf16 copies of matmul inputs, widened weights, LoRA's intermediate
   // products, per-row values, partial sums, attention's scores, probabilities and score gradients,
-  // the row maxima of long rows' parts; slots 0–3 cuda_backend.cu's, 4–7 cuda_ops.cu's): grown when
-  // too small, never shrunk, reused in stream order.
-  std::vector<void*> scratch = std::vector<void*>(8, nullptr);
-  std::vector<size_t> scratch_bytes = std::vector<size_t>(8, 0);
+  // the row maxima of long rows' parts; slots 0–3 cuda_backend.cu's, 4–7 cuda_ops.cu's, 8 the
+  // Backend's default implementations' scratch_floats): grown when too small, never shrunk, reused in
+  // stream order.
+  std::vector<void*> scratch = std::vector<void*>(9, nullptr);
+  std::vector<size_t> scratch_bytes = std::vector<size_t>(9, 0);
   // The route of each op and shape with two (our kernels or cuBLAS' products: attention per direction,
   // linear of few rows; decode attention per query or split), as measured at its first call
   // (cuda::route_is_second), by key.

@@ -25,7 +25,9 @@ using cuda::check_launch;
 using cuda::geglu_value;
 using cuda::gelu_sigmoid;
 using cuda::kThreads;
+using cuda::pack_bf16x4;
 using cuda::quads;
+using cuda::unpack_bf16x4;
 using cuda::rope_pair;
 using cuda::RopeCacheRows;
 using cuda::RopePair;
@@ -612,6 +614,46 @@ __global__ void geglu_backward_kernel(const float* gate, const float* up, const 
     const GegluGradient d = geglu_gradient(gate[e], up[e], dout[e]);
     dgate[e] = d.gate;
     dup[e] = d.up;
+  }
+}
+// The bf16 forms (Backend::geglu_to_bf16, geglu_backward_bf16): the same values, rounded as the
+// narrowing kernel rounds, in one pass; four values a thread where the arrays allow it.
+__global__ void geglu_to_bf16_kernel(const float* gate, const float* up, int64_t n, uint16_t* out,
+                                     uint16_t* gate_copy, uint16_t* up_copy) {
+  const bool aligned = aligned_to(gate, 16) && aligned_to(up, 16) && aligned_to(out, 8) && aligned_to(gate_copy, 8) &&
+                       aligned_to(up_copy, 8);
+  const int64_t whole = aligned ? n / 4 : 0;
+  FOR_EACH_INDEX(i, whole) {
+    const float4 u = reinterpret_cast<const float4*>(gate)[i], w = reinterpret_cast<const float4*>(up)[i];
+    reinterpret_cast<uint2*>(out)[i] = pack_bf16x4(geglu_values(u, w));
+    reinterpret_cast<uint2*>(gate_copy)[i] = pack_bf16x4(u);
+    reinterpret_cast<uint2*>(up_copy)[i] = pack_bf16x4(w);
+  }
+  FOR_EACH_INDEX(i, n - 4 * whole) {
+    const int64_t e = 4 * whole + i;
+    out[e] = f32_to_bf16(geglu_value(gate[e], up[e]));
+    gate_copy[e] = f32_to_bf16(gate[e]);
+    up_copy[e] = f32_to_bf16(up[e]);
+  }
+}
+__global__ void geglu_backward_bf16_kernel(const uint16_t* gate, const uint16_t* up, const float* dout, int64_t n,
+                                           uint16_t* dgate, uint16_t* dup) {
+  const bool aligned = aligned_to(gate, 8) && aligned_to(up, 8) && aligned_to(dout, 16) && aligned_to(dgate, 8) &&
+                       aligned_to(dup, 8);
+  const int64_t whole = aligned ? n / 4 : 0;
+  FOR_EACH_INDEX(i, whole) {
+    const float4 u = unpack_bf16x4(reinterpret_cast<const uint2*>(gate)[i]),
+                 w = unpack_bf16x4(reinterpret_cast<const uint2*>(up)[i]), g = reinterpret_cast<const float4*>(dout)[i];
+    const GegluGradient x = geglu_gradient(u.x, w.x, g.x), y = geglu_gradient(u.y, w.y, g.y),
+                        z = geglu_gradient(u.z, w.z, g.z), v = geglu_gradient(u.w, w.w, g.w);
+    reinterpret_cast<uint2*>(dgate)[i] = pack_bf16x4({x.gate, y.gate, z.gate, v.gate});
+    reinterpret_cast<uint2*>(dup)[i] = pack_bf16x4({x.up, y.up, z.up, v.up});
+  }
+  FOR_EACH_INDEX(i, n - 4 * whole) {
+    const int64_t e = 4 * whole + i;
+    const GegluGradient d = geglu_gradient(bf16_to_f32(gate[e]), bf16_to_f32(up[e]), dout[e]);
+    dgate[e] = f32_to_bf16(d.gate);
+    dup[e] = f32_to_bf16(d.up);
   }
 }
 __global__ void soft_cap_kernel(float* x, int64_t n, float cap) {
@@ -1302,6 +1344,16 @@ void CudaBackend::geglu_backward_impl(const float* gate, const float* up, const 
                                       float* dup) {
   geglu_backward_kernel<<<blocks_for(quads(n)), kThreads, 0, state_->stream>>>(gate, up, dout, n, dgate, dup);
   check_launch("geglu_backward");
+}
+void CudaBackend::geglu_to_bf16_impl(const float* gate, const float* up, int64_t n, uint16_t* out, uint16_t* gate_copy,
+                                     uint16_t* up_copy) {
+  geglu_to_bf16_kernel<<<blocks_for(quads(n)), kThreads, 0, state_->stream>>>(gate, up, n, out, gate_copy, up_copy);
+  check_launch("geglu_to_bf16");
+}
+void CudaBackend::geglu_backward_bf16_impl(const uint16_t* gate, const uint16_t* up, const float* dout, int64_t n,
+                                           uint16_t* dgate, uint16_t* dup) {
+  geglu_backward_bf16_kernel<<<blocks_for(quads(n)), kThreads, 0, state_->stream>>>(gate, up, dout, n, dgate, dup);
+  check_launch("geglu_backward_bf16");
 }
 void CudaBackend::soft_cap_impl(float* x, int64_t n, float cap) {
   soft_cap_kernel<<<blocks_for(n), kThreads, 0, state_->stream>>>(x, n, cap);
