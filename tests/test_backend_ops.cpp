@@ -435,6 +435,12 @@ OpCase long_attention_case() {
   return c;
 }
 
+OpCase shared_limit_case(const std::string& name, AttentionShape s, bool backward) {
+  OpCase c = attention_case(name, s, {17}, backward);
+  c.differentiable = {};  // thousands of key slots: the small cases check against finite differences
+  return c;
+}
+
 std::vector<int64_t> decode_long_padding() {
   std::vector<int64_t> padding;
   for (int64_t j = 32; j < 48; ++j) padding.push_back(j);
@@ -464,6 +470,12 @@ std::vector<OpCase> attention_cases() {
       // A long cache: a GPU's attention kernels then need more than the default 48 KB of shared
       // memory per block (three arrays of 4200 slots in backward) and take their widest blocks.
       long_attention_case(),
+      // Caches whose dynamic shared memory is exactly the 48 KB default in a GPU's kernels (backward:
+      // 3 × 4096 slots; decode: 2 × 5120 slots and 128 slot groups' partial sums at head_dim 8), which
+      // leaves no room for the kernels' own __shared__ arrays without the opt-in. The emulator has no
+      // such arrays' limit: the GPU run of the registry is the check.
+      shared_limit_case("cache_4096", {1, 2, 4094, 4096, 2, 1, 8, 0, 0.f}, true),
+      shared_limit_case("decode_5120", {1, 1, 5119, 5120, 2, 1, 8, 0, 0.f}, false),
   };
 }
 

@@ -77,7 +77,7 @@ __device__ double row_inverse_rms(const float* xr, int64_t dim, float eps) {
 // join before the next norm; each thread then reads only the values it wrote), and into x_copy too
 // where given. With `branch_scale` the branch joins normalized: x += RMSNorm(branch)·(1 + branch_scale),
 // rounded to float as rmsnorm's own y is.
-__global__ void rmsnorm_kernel(float* x, const float* branch, const float* branch_scale, const float* scale,
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* branch, const float* branch_scale, const float* scale,
                                int64_t dim, float eps, float* y, float* x_copy) {
   float* xr = x + blockIdx.x * dim;
   if (branch) {
@@ -989,15 +989,26 @@ void CudaBackend::rope_backward_impl(float* dq, int64_t q_heads, float* dk, int6
   launch_rope(*state_, dq, q_heads, dk, k_heads, tokens, head_dim, positions, base, scaling, q_scale, true);
 }
 
-// The shared memory a per-query attention kernel needs (`bytes`, which grow with the key slots),
-// allowed past the 48 KB default when the GPU has it.
+// The attention kernels' dynamic shared memory grows with the key slots. Their own __shared__ arrays
+// (block_sum's and block_max's partials, a flag: under 400 bytes) count against the same per-block
+// limits — 48 KB without the opt-in, the GPU's opt-in limit with it —, so the dynamic bytes keep
+// kStaticSharedReserve of each free for them (a GPU refuses the launch, or the opt-in, otherwise).
+constexpr size_t kStaticSharedReserve = 1024, kDefaultSharedBytes = 48 * 1024;
+static size_t opt_in_shared_bytes(int gpu) {
+  int limit = 0;
+  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu), "attention");
+  return size_t(limit) - kStaticSharedReserve;
+}
+static bool needs_opt_in(size_t bytes) { return bytes > kDefaultSharedBytes - kStaticSharedReserve; }
+static bool shared_fits(size_t bytes, int gpu) { return !needs_opt_in(bytes) || bytes <= opt_in_shared_bytes(gpu); }
+
+// `bytes` of dynamic shared memory for `kernel`, allowed past the default when the GPU has them.
 template <class Kernel>
 static size_t attention_shared_bytes(Kernel kernel, const AttentionShape& s, size_t bytes, int gpu) {
-  if (bytes > 48 * 1024) {
-    int limit = 0;
-    check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu), "attention");
-    check(bytes <= size_t(limit), "attention on cuda: ", s.capacity, " key slots need ", bytes,
-          " bytes of shared memory per block, more than this GPU's ", limit, " (a shorter sequence fits)");
+  if (needs_opt_in(bytes)) {
+    check(shared_fits(bytes, gpu), "attention on cuda: ", s.capacity, " key slots need ", bytes,
+          " bytes of shared memory per block, more than this GPU's ", opt_in_shared_bytes(gpu),
+          " (a shorter sequence fits)");
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "attention");
   }
   return bytes;
@@ -1055,6 +1066,9 @@ static void attention_by_splits(CudaState& st, int gpu, const float* q, const fl
   a.first = first, a.L = attention_key_slots(s);
   const int64_t span = a.L - first, most_splits = std::max<int64_t>(1, kSplitBlocks / queries);
   a.length = std::max<int64_t>(kSplitSlots, (span + most_splits - 1) / most_splits);
+  // A split's capped scores sit in shared memory: splits no longer than the GPU holds (more of them).
+  if (needs_opt_in(size_t(a.length) * sizeof(float)))
+    a.length = std::min(a.length, int64_t(opt_in_shared_bytes(gpu) / sizeof(float)));
   a.splits = (span + a.length - 1) / a.length;
   const auto carve = [&](ScratchArrays arrays) {
     a.capped = arrays.take<float>(queries * a.L);
@@ -1112,11 +1126,7 @@ static size_t per_query_shared_bytes(const AttentionShape& s, int64_t queries) {
          size_t(attention_slot_groups(s, attention_threads(s, queries)) * s.head_dim) * sizeof(double);
 }
 static bool per_query_fits(const AttentionShape& s, int64_t queries, int gpu) {
-  const size_t bytes = per_query_shared_bytes(s, queries);
-  if (bytes <= 48 * 1024) return true;
-  int limit = 0;
-  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, gpu), "attention");
-  return bytes <= size_t(limit);
+  return shared_fits(per_query_shared_bytes(s, queries), gpu);
 }
 
 static void attention_per_query(CudaState& st, int gpu, const float* q, const float* k, const float* v,
