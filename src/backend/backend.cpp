@@ -40,6 +40,29 @@ void need_matrix(const Backend& backend, const WeightMatrix& W, const char* op) 
         device_name(W.device), " memory, the backend computes in ", device_name(backend.device()), " memory");
 }
 
+// A bf16 input's product: the weights' dtypes whose BF16-precision products round their input to bf16.
+void need_bf16_product(const Backend& b, const WeightMatrix& W, const char* op) {
+  need_matrix(b, W, op);
+  if (W.dtype == DType::I8) fail(b.name(), " backend: ", op, " of a bf16 input over int8 weights (int8 products "
+                                 "quantize the fp32 input)");
+}
+
+// The operands of linear_backward_input over several weights of one input (their dys fp32 or bf16):
+// each weight as `need_weight` wants it and as wide as the first, each dy and dx long enough.
+template <class Gradient, class NeedWeight>
+void need_output_gradients(const Backend& b, const std::vector<Gradient>& gradients, int64_t M, Floats dx,
+                           const NeedWeight& need_weight) {
+  const int64_t cols = gradients[0].W ? gradients[0].W->cols : 0;
+  for (const Gradient& g : gradients) {
+    if (g.W == nullptr) fail(b.name(), " backend: linear_backward_input's weight matrix is missing");
+    need_weight(b, *g.W, "linear_backward_input");
+    if (g.W->cols != cols) fail(b.name(), " backend: linear_backward_input of one input over matrices of ", cols,
+                                " and ", g.W->cols, " columns");
+    need(b, g.dy, M * g.W->rows, "linear_backward_input", "dy");
+  }
+  need(b, dx, M * cols, "linear_backward_input", "dx");
+}
+
 }  // namespace
 
 float* Backend::scratch_floats(size_t n) {
@@ -259,15 +282,7 @@ void Backend::linear_backward_input(ConstFloats dy, int64_t M, const WeightMatri
 void Backend::linear_backward_input(const std::vector<LinearOutputGradient>& gradients, int64_t M, Floats dx,
                                     bool accumulate, MatmulPrecision precision) {
   if (gradients.empty()) return;
-  const int64_t cols = gradients[0].W ? gradients[0].W->cols : 0;
-  for (const LinearOutputGradient& g : gradients) {
-    if (g.W == nullptr) fail(name(), " backend: linear_backward_input's weight matrix is missing");
-    need_matrix(*this, *g.W, "linear_backward_input");
-    if (g.W->cols != cols) fail(name(), " backend: linear_backward_input of one input over matrices of ", cols,
-                                " and ", g.W->cols, " columns");
-    need(*this, g.dy, M * g.W->rows, "linear_backward_input", "dy");
-  }
-  need(*this, dx, M * cols, "linear_backward_input", "dx");
+  need_output_gradients(*this, gradients, M, dx, need_matrix);
   linear_backward_input_shared_impl(gradients, M, dx.data, accumulate, precision);
 }
 
@@ -285,13 +300,6 @@ void Backend::linear_backward_weight(ConstFloats dy, ConstFloats x, int64_t M, i
   linear_backward_weight_impl(dy.data, x.data, M, rows, cols, dW.data);
 }
 
-// A bf16 input's product: the weights' dtypes whose BF16-precision products round their input to bf16.
-static void need_bf16_product(const Backend& b, const WeightMatrix& W, const char* op) {
-  need_matrix(b, W, op);
-  if (W.dtype == DType::I8) fail(b.name(), " backend: ", op, " of a bf16 input over int8 weights (int8 products "
-                                 "quantize the fp32 input)");
-}
-
 void Backend::linear(Span<const uint16_t> x, int64_t M, const WeightMatrix& W, Floats y) {
   need_bf16_product(*this, W, "linear");
   need(*this, x, M * W.cols, "linear", "x");
@@ -302,15 +310,7 @@ void Backend::linear(Span<const uint16_t> x, int64_t M, const WeightMatrix& W, F
 void Backend::linear_backward_input(const std::vector<Bf16OutputGradient>& gradients, int64_t M, Floats dx,
                                     bool accumulate) {
   if (gradients.empty()) return;
-  const int64_t cols = gradients[0].W ? gradients[0].W->cols : 0;
-  for (const Bf16OutputGradient& g : gradients) {
-    if (g.W == nullptr) fail(name(), " backend: linear_backward_input's weight matrix is missing");
-    need_bf16_product(*this, *g.W, "linear_backward_input");
-    if (g.W->cols != cols) fail(name(), " backend: linear_backward_input of one input over matrices of ", cols,
-                                " and ", g.W->cols, " columns");
-    need(*this, g.dy, M * g.W->rows, "linear_backward_input", "dy");
-  }
-  need(*this, dx, M * cols, "linear_backward_input", "dx");
+  need_output_gradients(*this, gradients, M, dx, need_bf16_product);
   if (M > 0) linear_backward_input_bf16_impl(gradients, M, dx.data, accumulate);
 }
 
