@@ -248,8 +248,6 @@ static Branch decoder_block(const Context& ctx, const GemmaModel& model, const D
   buffer(a.gate, M * F);
   buffer(a.up, M * F);
   buffer(a.ffw_projected, M * D);
-  const bool ffw_adapted = model.low_rank_term(layer, Slot::FfwGating).active() ||
-                           model.low_rank_term(layer, Slot::FfwGating2).active();
   if (for_backward && a.gate_up_bf16) {
     // Only bf16 products and backward's bf16 copies read the M·F values here: GeGLU writes them in
     // bf16 (the same numbers as geglu, then each narrowed), and the down projection takes them so.
@@ -264,6 +262,8 @@ static Branch decoder_block(const Context& ctx, const GemmaModel& model, const D
   } else {
     FloatBuffer& activated = for_backward ? s.activated : a.gate;  // backward needs gate itself
     if (for_backward) buffer(activated, M * F);
+    const bool ffw_adapted = model.low_rank_term(layer, Slot::FfwGating).active() ||
+                             model.low_rank_term(layer, Slot::FfwGating2).active();
     if (!for_backward && !ffw_adapted) {  // nothing else reads gate and up: a GPU decodes this in one launch
       b.linear_geglu(a.ffw_normed, M, w.ffw_gating, w.ffw_gating_2, a.gate, a.up, activated, ctx.precision);
     } else {
