@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,12 @@ class Backend : public Allocator {
   WeightMatrix upload(const WeightMatrix& host);
   WeightVector upload(const WeightVector& host);
   virtual void synchronize() {}
+  // Runs `step`, work queued on this backend with no host crossing in it (no upload, download or
+  // synchronize: greedy decoding's step, whose inputs are on the backend already), as one unit. A
+  // GPU captures it as a CUDA graph and launches that — one host call where each launch and product
+  // would cost one —, or runs it as it comes where a capture cannot hold it (memory to grow, a route
+  // to time). `step` must do the same work each time it is called: it may run twice.
+  virtual void run_step(const std::function<void()>& step) { step(); }
 
   // ---- matrices (x: [M, W.cols] row-major, y: [M, W.rows]) ----
   // y = x·Wᵀ for every dtype of W (F32, BF16, I8 with per-row scales) under `precision`. For I8, the

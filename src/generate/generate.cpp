@@ -78,13 +78,20 @@ static void greedy_steps(const Context& ctx, const GemmaModel& model, int64_t st
   SoftmaxRows row_max;
   int64_t queued = start;  // steps start … queued − 1 are queued
   for (int64_t index = start; index < L && !done; ++index, ++queued) {
-    const FloatBuffer& hidden =
-        backbone_forward(ctx, model, device_ids.span().part(size_t((index - 1) * B), size_t(B)),
-                         device_positions.span().part(size_t((index - 1) * B), size_t(B)), B, 1, index - 1, cache, ws);
-    lm_head(ctx, model, hidden, B, step_logits);
-    backend.softmax_row_max(step_logits, B, V, 0, row_max);
     const Span<int32_t> chosen = device_ids.span().part(size_t(index * B), size_t(B));
-    backend.greedy_tokens(row_max, B, device_keep.span().part(size_t(index * B), size_t(B)), chosen);
+    // One unit of backend work (a GPU launches it as one CUDA graph): nothing in it crosses to the
+    // host. Under a model-parallel mesh the step's collectives stay out of graphs: a rank whose
+    // capture fell through would run them as they come while the others queue theirs in a graph.
+    const auto step = [&] {
+      const FloatBuffer& hidden = backbone_forward(ctx, model, device_ids.span().part(size_t((index - 1) * B), size_t(B)),
+                                                   device_positions.span().part(size_t((index - 1) * B), size_t(B)),
+                                                   B, 1, index - 1, cache, ws);
+      lm_head(ctx, model, hidden, B, step_logits);
+      backend.softmax_row_max(step_logits, B, V, 0, row_max);
+      backend.greedy_tokens(row_max, B, device_keep.span().part(size_t(index * B), size_t(B)), chosen);
+    };
+    if (ctx.tensor_parallel.active()) step();
+    else backend.run_step(step);
     pending[size_t(index)] = backend.start_download(chosen, Span<int32_t>(by_position).part(size_t(index * B), size_t(B)));
     if (index - kAhead >= collected) collect(index - kAhead);
   }

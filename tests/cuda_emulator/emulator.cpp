@@ -436,8 +436,55 @@ Counts& counts() {
   return *counted;
 }
 
+// ---- CUDA graphs: while the stream is captured, its calls are recorded as the graph's nodes ----
+}  // namespace cuda_emulator
+
+struct CUgraph_st {
+  struct Node {
+    std::string what;                // the kernel's name, "memset", "copy" or "product"
+    const void* function = nullptr;  // the kernel
+    std::function<void()> run;
+  };
+  std::vector<Node> nodes;
+};
+struct CUgraphExec_st {
+  std::vector<CUgraph_st::Node> nodes;
+};
+
+namespace cuda_emulator {
+namespace {
+
+struct Capture {
+  CUgraph_st* graph = nullptr;  // null: not capturing
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  bool invalidated = false;  // a call a capture does not allow: cudaStreamEndCapture fails
+};
+Capture& capture() {
+  static auto* state = new Capture;
+  return *state;
+}
+
+// Records `run` as a node of the capture in progress (true), or returns false: no capture, run it now.
+bool captured(const std::string& what, const void* function, std::function<void()> run) {
+  if (!capture().graph) return false;
+  capture().graph->nodes.push_back({what, function, std::move(run)});
+  return true;
+}
+
+// A call a stream capture does not allow (it synchronizes, or crosses to the host): CUDA fails it and
+// invalidates the capture. cudaSuccess when there is no capture.
+cudaError_t not_while_capturing(const char* call) {
+  if (!capture().graph) return cudaSuccess;
+  capture().invalidated = true;
+  return record(cudaErrorStreamCaptureUnsupported, std::string(call) + " while the stream is being captured");
+}
+
+void execute_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const char* name, const std::function<void()>& thread);
+
+}  // namespace
+
 void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* kernel, const char* name,
-                const std::function<void()>& thread) {
+                std::function<void()> thread) {
   ++counts().launches[name];
   const uint64_t threads = uint64_t(block_shape.x) * block_shape.y * block_shape.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
@@ -457,6 +504,14 @@ void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* ke
                                       std::to_string(allowed));
     return;
   }
+  if (captured(name, kernel, [=] { execute_kernel(grid, block_shape, shared_bytes, name, thread); })) return;
+  execute_kernel(grid, block_shape, shared_bytes, name, thread);
+}
+
+namespace {
+void execute_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const char* name,
+                    const std::function<void()>& thread) {
+  const uint64_t threads = uint64_t(block_shape.x) * block_shape.y * block_shape.z;
   const DeviceWork working;
   Block& b = block();
   b.body = &thread;
@@ -479,6 +534,7 @@ void run_kernel(dim3 grid, dim3 block_shape, size_t shared_bytes, const void* ke
         }
       }
 }
+}  // namespace
 
 cudaError_t set_function_attribute(const void* kernel, int attribute, int value) {
   if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > kOptInSharedBytes)
@@ -515,6 +571,10 @@ float element(const void* base, cudaDataType type, int64_t index) {
                             : meshtune::bf16_to_f32(static_cast<const uint16_t*>(base)[index]);
 }
 
+cublasStatus_t gemm_run(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float a, const void* A,
+                        cudaDataType Atype, int lda, long long strideA, const void* B, cudaDataType Btype, int ldb,
+                        long long strideB, float bt, void* C, int ldc, long long strideC, int batch);
+
 cublasStatus_t gemm_checked(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* alpha,
                             const void* A, cudaDataType Atype, int lda, long long strideA, const void* B,
                             cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C,
@@ -527,8 +587,23 @@ cublasStatus_t gemm_checked(cublasOperation_t ta, cublasOperation_t tb, int m, i
       compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   ++counts().products;
-  const DeviceWork working;
+  // α and β are host values, read at the call (a captured product keeps them).
   const float a = *static_cast<const float*>(alpha), bt = *static_cast<const float*>(beta);
+  const auto run = [=] {
+    return gemm_run(ta, tb, m, n, k, a, A, Atype, lda, strideA, B, Btype, ldb, strideB, bt, C, ldc, strideC, batch);
+  };
+  if (captured("product", nullptr, [run] {
+        if (run() != CUBLAS_STATUS_SUCCESS) record(cudaErrorLaunchFailure, "a captured cuBLAS product: invalid operands");
+      }))
+    return CUBLAS_STATUS_SUCCESS;
+  return run();
+}
+
+cublasStatus_t gemm_run(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float a, const void* A,
+                        cudaDataType Atype, int lda, long long strideA, const void* B, cudaDataType Btype, int ldb,
+                        long long strideB, float bt, void* C, int ldc, long long strideC, int batch) {
+  const int a_rows = ta == CUBLAS_OP_N ? m : k, b_rows = tb == CUBLAS_OP_N ? k : n;
+  const DeviceWork working;
   const size_t in_size = Atype == CUDA_R_32F ? 4 : 2;
   // Every matrix the product reads or writes lies inside one device allocation (a GPU faults on host
   // memory; one past an allocation reads another's).
@@ -571,6 +646,7 @@ void* cublas_symbol(const char* name) {
       {"cublasDestroy_v2", reinterpret_cast<void*>(&cublasDestroy_v2)},
       {"cublasSetStream_v2", reinterpret_cast<void*>(&cublasSetStream_v2)},
       {"cublasSetMathMode", reinterpret_cast<void*>(&cublasSetMathMode)},
+      {"cublasSetWorkspace_v2", reinterpret_cast<void*>(&cublasSetWorkspace_v2)},
       {"cublasGemmEx", reinterpret_cast<void*>(&cublasGemmEx)},
       {"cublasGemmStridedBatchedEx", reinterpret_cast<void*>(&cublasGemmStridedBatchedEx)},
   };
@@ -665,6 +741,7 @@ cudaError_t land_pinned_copies(uint64_t order) {
 }  // namespace
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  if (const cudaError_t refused = not_while_capturing("cudaMallocHost")) return refused;
   char* memory = static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes));
   if (!memory) return record(cudaErrorMemoryAllocation, "cudaMallocHost(" + std::to_string(bytes) + ")");
   std::memset(memory, 0xff, bytes);
@@ -685,6 +762,7 @@ cudaError_t cudaFreeHost(void* p) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t) {  // every call ran to its end
+  if (const cudaError_t refused = not_while_capturing("cudaStreamSynchronize")) return refused;
   ++cuda_emulator::counts().synchronizations;
   return land_pinned_copies(stream_order);
 }
@@ -705,10 +783,14 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   if (!event) return record(cudaErrorInvalidResourceHandle, "cudaEventRecord: no event");
+  // CUDA would record it as a node; the backend records none in a captured step (its events time
+  // routes and guard pinned slots, both host business).
+  if (const cudaError_t refused = not_while_capturing("cudaEventRecord")) return refused;
   event->when = std::chrono::steady_clock::now(), event->recorded = true, event->order = ++stream_order;
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (const cudaError_t refused = not_while_capturing("cudaEventSynchronize")) return refused;
   ++cuda_emulator::counts().synchronizations;
   if (!event) return record(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: no event");
   return land_pinned_copies(event->order);
@@ -721,6 +803,9 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
+  // Not a stream call: a capture in relaxed mode allows it (and does not record it).
+  if (capture().graph && capture().mode != cudaStreamCaptureModeRelaxed)
+    if (const cudaError_t refused = not_while_capturing("cudaMalloc (outside relaxed mode)")) return refused;
   void* memory = allocate_device(bytes);
   if (!memory) return record(cudaErrorMemoryAllocation, "cudaMalloc(" + std::to_string(bytes) + ")");
   // Fresh device memory is not zero: fill it with a NaN pattern so that reading unwritten memory shows.
@@ -732,6 +817,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  if (const cudaError_t refused = not_while_capturing("cudaFree")) return refused;  // it synchronizes
   auto it = allocations().find(static_cast<const char*>(p));
   if (it == allocations().end()) return record(cudaErrorInvalidValue, "cudaFree of memory cudaMalloc did not give");
   free_device(p, it->second);
@@ -747,6 +833,14 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                                              ")");
   if (!src_device && on_device(src, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host source on the device");
   if (!dst_device && on_device(dst, 1)) return record(cudaErrorInvalidValue, "cudaMemcpyAsync: host target on the device");
+  if (kind == cudaMemcpyDeviceToDevice && captured("copy", nullptr, [=] {
+        const DeviceWork working;
+        std::memmove(dst, src, bytes);
+      }))
+    return cudaSuccess;
+  // A graph could copy to or from the host too, but the backend's captured steps never cross.
+  if (kind != cudaMemcpyDeviceToDevice)
+    if (const cudaError_t refused = not_while_capturing("cudaMemcpyAsync to or from the host")) return refused;
   const DeviceWork working;
   if (kind == cudaMemcpyDeviceToHost && is_pinned(dst, bytes)) {  // lands when the host waits for it
     const char* from = static_cast<const char*>(src);
@@ -765,10 +859,70 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
   if (!on_device(p, bytes))
     return record(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(bytes) + " bytes outside a device allocation");
+  if (captured("memset", nullptr, [=] {
+        const DeviceWork working;
+        std::memset(p, value, bytes);
+      }))
+    return cudaSuccess;
   const DeviceWork working;
   std::memset(p, value, bytes);
   return cudaSuccess;
 }
+// ---- CUDA graphs ----
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode mode) {
+  if (capture().graph) return record(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream is being captured already");
+  capture() = {new CUgraph_st, mode, false};
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  if (!capture().graph) return record(cudaErrorIllegalState, "cudaStreamEndCapture without a capture");
+  const Capture ended = capture();
+  capture() = {};
+  if (ended.invalidated) {
+    delete ended.graph;
+    *graph = nullptr;
+    return record(cudaErrorStreamCaptureInvalidated, "the stream capture was invalidated by a call it does not allow");
+  }
+  *graph = ended.graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!graph) return record(cudaErrorInvalidValue, "cudaGraphInstantiate: no graph");
+  *exec = new CUgraphExec_st{graph->nodes};
+  return cudaSuccess;
+}
+// As CUDA's: the new graph's parameters into the instantiated one, when both have the same nodes in
+// the same order (kernels of the same functions); otherwise the update fails and changes nothing.
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph, cudaGraphExecUpdateResultInfo* info) {
+  if (!exec || !graph) return record(cudaErrorInvalidValue, "cudaGraphExecUpdate: no graph");
+  *info = {cudaGraphExecUpdateSuccess, nullptr, nullptr};
+  bool same = exec->nodes.size() == graph->nodes.size();
+  for (size_t i = 0; same && i < graph->nodes.size(); ++i)
+    same = exec->nodes[i].what == graph->nodes[i].what && exec->nodes[i].function == graph->nodes[i].function;
+  if (!same) {
+    info->result = cudaGraphExecUpdateErrorTopologyChanged;
+    return cudaErrorGraphExecUpdateFailure;  // CUDA leaves it for the caller to see in the result, not sticky
+  }
+  exec->nodes = graph->nodes;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  if (!exec) return record(cudaErrorInvalidValue, "cudaGraphLaunch: no graph");
+  if (const cudaError_t refused = not_while_capturing("cudaGraphLaunch")) return refused;
+  ++counts().graph_launches;
+  for (const CUgraph_st::Node& node : exec->nodes) node.run();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetLastError() {
   const cudaError_t error = last_error;
   last_error = cudaSuccess;
@@ -793,6 +947,10 @@ cublasStatus_t cublasDestroy_v2(cublasHandle_t handle) {
 }
 cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t) {
   return handle ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, size_t bytes) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  return bytes == 0 || on_device(workspace, bytes) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
   if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;

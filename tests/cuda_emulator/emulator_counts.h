@@ -10,10 +10,11 @@
 namespace cuda_emulator {
 
 struct Counts {
-  std::map<std::string, int64_t> launches;  // kernel name → launches
-  int64_t products = 0;                     // cuBLAS calls (a batched product counts once)
+  std::map<std::string, int64_t> launches;  // kernel name → launches (direct or into a captured graph)
+  int64_t products = 0;                     // cuBLAS calls (a batched product counts once; captured too)
   int64_t uploads = 0, downloads = 0;       // host → device and device → host copies
   int64_t synchronizations = 0;             // cudaStreamSynchronize / cudaEventSynchronize
+  int64_t graph_launches = 0;               // cudaGraphLaunch (its kernels and products were counted when captured)
   double device_seconds = 0;                // spent doing the GPU's work (the rest of a run is the host's)
 
   int64_t kernel_launches() const {

@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -37,12 +38,23 @@ CudaBackend::CudaBackend(int gpu) : gpu_(gpu), state_(std::make_unique<CudaState
   check_blas(cuda::cublas().set_stream(state_->blas, state_->stream), "set the stream");
   // fp32 products stay fp32 (no TF32): the CPU's numbers under the float32 policy.
   check_blas(cuda::cublas().set_math_mode(state_->blas, CUBLAS_DEFAULT_MATH), "set the math mode");
+  // After set_stream, which resets it to cuBLAS' own pool.
+  check_cuda(cudaMalloc(&state_->blas_workspace, CudaState::kBlasWorkspaceBytes), "allocate cuBLAS' workspace");
+  check_blas(cuda::cublas().set_workspace(state_->blas, state_->blas_workspace, CudaState::kBlasWorkspaceBytes),
+             "set the workspace");
+  const char* graphs = std::getenv("MESHTUNE_CUDA_GRAPHS");
+  const std::string graphs_value = graphs ? graphs : "on";
+  check(graphs_value == "on" || graphs_value == "off", "MESHTUNE_CUDA_GRAPHS=", brief(graphs_value),
+        ": expected on or off");
+  if (graphs_value == "off") state_->graphs_off = "MESHTUNE_CUDA_GRAPHS=off";
 }
 
 CudaBackend::~CudaBackend() {
   // Nothing may throw here: errors while tearing down are ignored (the process is ending or the
   // device is gone).
   if (state_->stream) cudaStreamSynchronize(state_->stream);
+  if (state_->step_graph) cudaGraphExecDestroy(state_->step_graph);
+  if (state_->blas_workspace) cudaFree(state_->blas_workspace);
   for (auto& [bytes, p] : state_->free_blocks) cudaFree(p);
   for (auto& [p, bytes] : state_->live) cudaFree(p);
   for (void* p : state_->scratch)
@@ -64,7 +76,72 @@ std::string CudaBackend::name() const {
 
 void* CudaBackend::stream() const { return state_->stream; }
 
-void CudaBackend::synchronize() { check_cuda(cudaStreamSynchronize(state_->stream), "synchronize"); }
+void CudaBackend::synchronize() {
+  state_->not_while_capturing("synchronize");
+  check_cuda(cudaStreamSynchronize(state_->stream), "synchronize");
+}
+
+// ---- a step as one CUDA graph ----
+
+// Captured, then launched as one graph: the launches and products of the step cost the host a
+// capture each (cheaper than a launch) and the GPU none of the gaps between host launches. Each step
+// is captured afresh, so its graph always holds this step's parameters and buffers; the executable
+// graph is updated in place (cudaGraphExecUpdate) while the steps' work has the same shape, and
+// instantiated again when not. A capture that meets what it cannot hold (NotCapturable: memory to
+// grow, a route to time) is dropped and the step runs as it comes; any other failure inside one
+// turns graphs off for this backend and runs the step as it comes (which raises a real error again).
+void CudaBackend::run_step(const std::function<void()>& step) {
+  CudaState& s = *state_;
+  if (!s.graphs_off.empty() || s.capturing) return step();
+  // Relaxed: an allocation the step asks for is not a stream call (and throws NotCapturable anyway).
+  check_cuda(cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeRelaxed), "begin capturing a step");
+  s.capturing = true;
+  bool held = true;
+  std::string failure;
+  try {
+    step();
+  } catch (const NotCapturable&) {
+    held = false;
+  } catch (const std::exception& e) {
+    held = false;
+    failure = e.what();
+  }
+  s.capturing = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(s.stream, &graph);
+  if (ended != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    if (held) failure = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
+    held = false;
+  }
+  if (!held) {
+    if (graph) cudaGraphDestroy(graph);
+    if (!failure.empty()) s.graphs_off = "a step could not be captured (" + failure + ")";
+    ++s.graph_counts.uncaptured;
+    return step();
+  }
+  if (s.step_graph) {
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(s.step_graph, graph, &info) == cudaSuccess) {
+      ++s.graph_counts.updated;
+    } else {  // another shape of work: a new executable graph, once the old one has run
+      cudaGetLastError();
+      check_cuda(cudaStreamSynchronize(s.stream), "wait for the last step's graph");
+      cudaGraphExecDestroy(s.step_graph);
+      s.step_graph = nullptr;
+    }
+  }
+  if (!s.step_graph) {
+    const cudaError_t made = cudaGraphInstantiate(&s.step_graph, graph, 0);
+    cudaGraphDestroy(graph);
+    check_cuda(made, "instantiate a step's graph");
+    ++s.graph_counts.instantiated;
+  } else {
+    cudaGraphDestroy(graph);
+  }
+  check_cuda(cudaGraphLaunch(s.step_graph, s.stream), "launch a step's graph");
+  ++s.graph_counts.launched;
+}
 
 // ---- memory and the host crossings ----
 
@@ -76,6 +153,7 @@ void* CudaBackend::allocate_impl(size_t bytes) {
     p = reused->second;
     state_->free_blocks.erase(reused);
   } else {
+    state_->not_while_capturing("allocate GPU memory");
     const cudaError_t status = cudaMalloc(&p, bytes);
     if (status != cudaSuccess) {
       cudaGetLastError();  // clear it
@@ -112,6 +190,7 @@ static char* slot_memory(CudaState& s, bool upload, size_t slot) {
 void CudaBackend::upload_impl(const void* host, size_t bytes, void* device) {
   if (bytes == 0) return;
   CudaState& s = *state_;
+  s.not_while_capturing("upload");
   if (bytes > CudaState::kHostSlotBytes) {
     check_cuda(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, s.stream), "upload");
     // A pageable host buffer may be reused as soon as the call returns, while the copy may still
@@ -134,6 +213,7 @@ void CudaBackend::upload_impl(const void* host, size_t bytes, void* device) {
 
 void CudaBackend::download_impl(const void* device, size_t bytes, void* host) {
   if (bytes == 0) return;
+  state_->not_while_capturing("download");
   check_cuda(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, state_->stream), "download");
   check_cuda(cudaStreamSynchronize(state_->stream), "download");
 }
@@ -141,6 +221,7 @@ void CudaBackend::download_impl(const void* device, size_t bytes, void* host) {
 uint64_t CudaBackend::start_download_impl(const void* device, size_t bytes, void* host) {
   CudaState& s = *state_;
   if (bytes == 0) return 0;
+  s.not_while_capturing("download");
   if (bytes > CudaState::kHostSlotBytes) {  // too big for a slot: at once
     download_impl(device, bytes, host);
     return 0;
@@ -161,6 +242,7 @@ uint64_t CudaBackend::start_download_impl(const void* device, size_t bytes, void
 void CudaBackend::finish_download_impl(uint64_t id) {
   CudaState& s = *state_;
   if (s.download_slots.empty()) return;
+  s.not_while_capturing("download");
   const size_t index = size_t(id % uint64_t(kDownloadsInFlight));
   CudaState::HostSlot& slot = s.download_slots[index];
   if (slot.id != id) return;  // finished already (a later start made room)

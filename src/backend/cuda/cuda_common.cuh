@@ -37,6 +37,7 @@ struct Cublas {
   decltype(&cublasDestroy_v2) destroy = nullptr;
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasSetWorkspace_v2) set_workspace = nullptr;
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
                             const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
@@ -59,6 +60,7 @@ inline const Cublas& cublas() {
     c.destroy = reinterpret_cast<decltype(c.destroy)>(symbol("cublasDestroy_v2"));
     c.set_stream = reinterpret_cast<decltype(c.set_stream)>(symbol("cublasSetStream_v2"));
     c.set_math_mode = reinterpret_cast<decltype(c.set_math_mode)>(symbol("cublasSetMathMode"));
+    c.set_workspace = reinterpret_cast<decltype(c.set_workspace)>(symbol("cublasSetWorkspace_v2"));
     c.gemm_ex = reinterpret_cast<decltype(c.gemm_ex)>(symbol("cublasGemmEx"));
     c.gemm_strided_batched_ex =
         reinterpret_cast<decltype(c.gemm_strided_batched_ex)>(symbol("cublasGemmStridedBatchedEx"));
@@ -193,9 +195,34 @@ namespace meshtune {
 
 // The state behind CudaBackend (cuda_backend.h keeps it opaque so that host code never includes
 // CUDA's headers).
+// Thrown inside a step being captured as a CUDA graph (CudaBackend::run_step) by what a capture
+// cannot hold: memory to allocate or grow, a route to time, a host crossing. The step then runs
+// without a graph.
+struct NotCapturable {
+  const char* what;
+};
+
 struct CudaState {
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  // cuBLAS' workspace, ours: in a captured step cuBLAS would otherwise allocate one for each graph.
+  void* blas_workspace = nullptr;
+  static constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;  // what cuBLAS itself takes on Hopper
+
+  // CUDA graphs (CudaBackend::run_step): while `capturing`, the stream's calls are recorded into the
+  // step's graph instead of run; the graph instantiated last, updated in place by the next step's
+  // capture where only parameters changed (decode: the step's position, the cache's length).
+  bool capturing = false;
+  cudaGraphExec_t step_graph = nullptr;
+  std::string graphs_off;  // why steps run without graphs ("" = they use them): MESHTUNE_CUDA_GRAPHS=off, or a failure
+  struct GraphCounts {
+    int64_t launched = 0, updated = 0, instantiated = 0, uncaptured = 0;
+  } graph_counts;
+  // Called first by whatever a capture cannot hold.
+  void not_while_capturing(const char* what) const {
+    if (capturing) throw NotCapturable{what};
+  }
+
   std::unordered_map<void*, size_t> live;               // allocated block → bytes
   std::unordered_multimap<size_t, void*> free_blocks;   // released blocks, reused by exact size
   // Scratch of the ops (bf16 copies of matmul inputs, widened weights, LoRA's intermediate
@@ -237,6 +264,7 @@ struct CudaState {
 
   int* tickets_for(int64_t count) {
     if (ticket_count < count) {
+      not_while_capturing("grow the ticket counters");
       cuda::check_cuda(cudaStreamSynchronize(stream), "synchronize before growing the ticket counters");
       if (tickets) cuda::check_cuda(cudaFree(tickets), "free the ticket counters");
       tickets = nullptr;
@@ -250,6 +278,7 @@ struct CudaState {
 
   void* scratch_for(int slot, size_t bytes) {
     if (scratch_bytes[size_t(slot)] < bytes) {
+      not_while_capturing("grow scratch memory");
       cuda::check_cuda(cudaStreamSynchronize(stream), "synchronize before growing scratch memory");
       if (scratch[size_t(slot)]) cuda::check_cuda(cudaFree(scratch[size_t(slot)]), "free scratch memory");
       scratch[size_t(slot)] = nullptr;

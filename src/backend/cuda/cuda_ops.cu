@@ -1272,6 +1272,7 @@ bool cuda::route_is_second(CudaState& st, const std::string& forced, const std::
   const std::string key = shape_key();
   auto known = st.routes.find(key);
   if (known != st.routes.end()) return known->second.second;
+  st.not_while_capturing("time an op's routes");
   CudaState::RouteTiming timing;
   timing.first_name = names.first, timing.second_name = names.second;
   cudaEvent_t marks[5] = {};
@@ -1343,6 +1344,12 @@ std::vector<std::string> CudaBackend::routes() const {
                   t.second_name, t.second_ms, t.second ? t.second_name : t.first_name);
     lines.push_back(line);
   }
+  const CudaState::GraphCounts& g = state_->graph_counts;
+  if (g.launched + g.uncaptured > 0 || !state_->graphs_off.empty())
+    lines.push_back("steps as CUDA graphs: " + std::to_string(g.launched) + " launched (" +
+                    std::to_string(g.instantiated) + " instantiated, " + std::to_string(g.updated) + " updated), " +
+                    std::to_string(g.uncaptured) + " run without" +
+                    (state_->graphs_off.empty() ? "" : "; off: " + state_->graphs_off));
   return lines;
 }
 

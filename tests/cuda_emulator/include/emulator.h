@@ -30,11 +30,12 @@
 
 namespace cuda_emulator {
 
-// Runs `thread` (a kernel with its arguments bound) for every thread of every block of the launch;
-// a bad launch or a stuck block is recorded for cudaGetLastError. `kernel` identifies the function
-// (for its attributes).
+// Runs `thread` (a kernel with its arguments bound) for every thread of every block of the launch —
+// or, while the stream is captured, records it in the graph to run when the graph is launched; a bad
+// launch or a stuck block is recorded for cudaGetLastError. `kernel` identifies the function (for
+// its attributes).
 void run_kernel(dim3 grid, dim3 block, size_t shared_bytes, const void* kernel, const char* name,
-                const std::function<void()>& thread);
+                std::function<void()> thread);
 
 cudaError_t set_function_attribute(const void* kernel, int attribute, int value);
 
@@ -82,8 +83,9 @@ struct Launch {
           },
           params);
       if (!pointers_ok) return;
+      // The arguments copied into the launch, as a GPU copies them: a captured launch runs later.
       run_kernel(launch.grid, launch.block, launch.shared_bytes, reinterpret_cast<const void*>(kernel), name,
-                 [&] { std::apply(kernel, params); });
+                 [kernel, params] { std::apply(kernel, params); });
     };
   }
 };
