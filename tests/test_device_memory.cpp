@@ -524,8 +524,9 @@ TEST(Cuda, ADecodeStepsRoundTripsAndLaunchesAreBounded) {
     const double host_us = 1e6 * (seconds - (after.device_seconds - before.device_seconds));
     last_launches = after.launches;
     for (const auto& [name, n] : before.launches) last_launches[name] -= n;
-    return std::array<int64_t, 5>{after.kernel_launches() - before.kernel_launches(), after.products - before.products,
-                                  after.downloads - before.downloads, int64_t(host_us), after.uploads - before.uploads};
+    return std::array<int64_t, 6>{after.kernel_launches() - before.kernel_launches(), after.products - before.products,
+                                  after.downloads - before.downloads, int64_t(host_us), after.uploads - before.uploads,
+                                  after.graph_launches - before.graph_launches};
   };
   generate(8), generate(16);  // the first of each length (cache size): attention routes measured, memory allocated
   const auto short_run = generate(8);
@@ -545,6 +546,15 @@ TEST(Cuda, ADecodeStepsRoundTripsAndLaunchesAreBounded) {
   // A step's tokens and positions are already on the GPU (the last step chose them there): the 8
   // more steps upload nothing, and each one's download is collected a few steps later.
   EXPECT_EQ(long_run[4] - short_run[4], 0);
+  // Each step is one CUDA graph (MESHTUNE_CUDA_GRAPHS=on, the default): the runs after the first of
+  // each length launch every step as one, and the backend's report says so.
+  const char* graphs = std::getenv("MESHTUNE_CUDA_GRAPHS");
+  if (!graphs || std::string(graphs) == "on") {
+    EXPECT_EQ(long_run[5], 16 - 2);  // indices 2 … 15: the shortest prompt is 2 tokens long
+    const std::vector<std::string> graph_lines = routes_of(*gpu, "steps as CUDA");
+    ASSERT_EQ(graph_lines.size(), 1u);
+    EXPECT_EQ(graph_lines[0].find("off:"), std::string::npos) << graph_lines[0];
+  }
   // Decode's products of few rows (MESHTUNE_CUDA_LINEAR=auto): each shape's route measured once —
   // q, k and v of one input together; gate and up together; the attention output and the FFN's
   // output (one shape here: N·H = F); the tied head.
